@@ -1,0 +1,77 @@
+//! Element types.
+
+use half::{bf16, f16};
+
+/// Element type of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// IEEE half.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// f32.
+    F32,
+}
+
+impl DType {
+    /// Size in bytes.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+/// A scalar type that tensors of this crate hold: `f16`, `bf16` or `f32`.
+pub trait Element:
+    Copy + Default + Send + Sync + std::fmt::Debug + cudarc::driver::DeviceRepr + 'static
+{
+    /// The runtime tag of this type.
+    const DTYPE: DType;
+    /// Converts to f32 exactly.
+    fn to_f32(self) -> f32;
+    /// Rounds an f32 to this type (nearest even).
+    fn from_f32(x: f32) -> Self;
+    /// A quiet NaN, used to poison outputs in tests.
+    fn nan() -> Self;
+}
+
+impl Element for f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        f16::from_f32(x)
+    }
+    fn nan() -> Self {
+        f16::NAN
+    }
+}
+
+impl Element for bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(x: f32) -> Self {
+        bf16::from_f32(x)
+    }
+    fn nan() -> Self {
+        bf16::NAN
+    }
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(x: f32) -> Self {
+        x
+    }
+    fn nan() -> Self {
+        f32::NAN
+    }
+}

@@ -1,0 +1,15 @@
+//! FlashAttention for Rust applications.
+//!
+//! Exact, IO-aware attention whose GPU kernels are written in Rust (crate
+//! `flash-attn-kernels`), compiled to PTX by `cargo xtask build-ptx` and embedded here, so an
+//! application needs neither the kernel toolchain nor the CUDA toolkit: only the NVIDIA driver
+//! at run time. Where no GPU is present, [`cpu`] runs the same algorithm on the CPU.
+
+pub mod cpu;
+pub mod dtype;
+pub mod error;
+pub mod params;
+
+pub use dtype::{DType, Element};
+pub use error::{FlashError, Result};
+pub use params::AttnParams;

@@ -1,0 +1,133 @@
+//! Tile shapes of the forward kernel per compiled head dim. The kernels take them as const
+//! generics and the host reads the same values to size the grid and the shared memory.
+
+/// Head dims that have a compiled kernel. Any other `d ≤ 256` runs on the next larger one.
+pub const COMPILED_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
+
+/// Threads in a warp.
+pub const WARP_SIZE: usize = 32;
+
+/// Rows of a query tile that one warp owns (the M of one `mma.m16n8k16`).
+pub const ROWS_PER_WARP: usize = 16;
+
+/// Tile shape of one forward instantiation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FwdTile {
+    /// Compiled head dim (the padded `d`).
+    pub head_dim: usize,
+    /// Query rows per thread block (BLOCK_M); `warps · 16`.
+    pub block_m: usize,
+    /// Keys per K/V tile (BLOCK_N).
+    pub block_n: usize,
+    /// Warps per block; each owns 16 query rows.
+    pub warps: usize,
+    /// Keep the Q fragments in registers for the whole key loop (else re-read from shared
+    /// memory at every step, which saves registers for large head dims).
+    pub q_in_regs: bool,
+}
+
+impl FwdTile {
+    /// Elements per shared-memory row: the head dim rounded up to a power of two, so the
+    /// XOR swizzle (see [`crate::swizzle`]) stays inside the row.
+    pub const fn smem_pitch(&self) -> usize {
+        self.head_dim.next_power_of_two()
+    }
+
+    /// Threads per block.
+    pub const fn threads(&self) -> usize {
+        self.warps * WARP_SIZE
+    }
+
+    /// Dynamic shared memory in bytes: the Q tile and two (K, V) tile pairs (double buffer).
+    pub const fn smem_bytes(&self) -> usize {
+        2 * self.smem_pitch() * (self.block_m + 4 * self.block_n)
+    }
+}
+
+/// The tile shape used for a compiled head dim; `None` when `head_dim` is not compiled.
+pub const fn fwd_tile(head_dim: usize) -> Option<FwdTile> {
+    let (block_m, block_n, warps, q_in_regs) = match head_dim {
+        32 => (128, 128, 8, true),
+        64 => (128, 128, 8, true),
+        96 => (128, 64, 8, true),
+        128 => (128, 64, 8, true),
+        256 => (64, 16, 4, false),
+        _ => return None,
+    };
+    Some(FwdTile {
+        head_dim,
+        block_m,
+        block_n,
+        warps,
+        q_in_regs,
+    })
+}
+
+/// The compiled head dim a caller's `head_dim` runs on (the smallest compiled one ≥ it), or
+/// `None` for 0 and for anything above 256.
+pub const fn compiled_head_dim(head_dim: usize) -> Option<usize> {
+    let mut i = 0;
+    while i < COMPILED_HEAD_DIMS.len() {
+        if head_dim > 0 && head_dim <= COMPILED_HEAD_DIMS[i] {
+            return Some(COMPILED_HEAD_DIMS[i]);
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Shorthand for the kernels' const generic arguments; panics at compile time for a head dim
+/// that has no tile.
+pub const fn tile(head_dim: usize) -> FwdTile {
+    match fwd_tile(head_dim) {
+        Some(t) => t,
+        None => panic!("no tile for this head dim"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tile_is_consistent() {
+        for d in COMPILED_HEAD_DIMS {
+            let t = tile(d);
+            assert_eq!(t.block_m, t.warps * ROWS_PER_WARP);
+            assert_eq!(t.block_n % 16, 0);
+            assert_eq!(d % 16, 0);
+            // fits the smallest opt-in shared memory of the targets (sm_86/sm_89: 99 KiB)
+            assert!(t.smem_bytes() <= 99 * 1024, "d={d}: {}", t.smem_bytes());
+        }
+    }
+
+    #[test]
+    fn head_dims_round_up() {
+        assert_eq!(compiled_head_dim(0), None);
+        assert_eq!(compiled_head_dim(1), Some(32));
+        assert_eq!(compiled_head_dim(64), Some(64));
+        assert_eq!(compiled_head_dim(65), Some(96));
+        assert_eq!(compiled_head_dim(200), Some(256));
+        assert_eq!(compiled_head_dim(257), None);
+    }
+}
+
+/// Name of the forward entry point for a dtype (`bf16` or f16) and a compiled head dim.
+pub const fn fwd_kernel_name(bf16: bool, head_dim: usize) -> Option<&'static str> {
+    Some(match (bf16, head_dim) {
+        (false, 32) => "flash_fwd_f16_d32",
+        (false, 64) => "flash_fwd_f16_d64",
+        (false, 96) => "flash_fwd_f16_d96",
+        (false, 128) => "flash_fwd_f16_d128",
+        (false, 256) => "flash_fwd_f16_d256",
+        (true, 32) => "flash_fwd_bf16_d32",
+        (true, 64) => "flash_fwd_bf16_d64",
+        (true, 96) => "flash_fwd_bf16_d96",
+        (true, 128) => "flash_fwd_bf16_d128",
+        (true, 256) => "flash_fwd_bf16_d256",
+        _ => return None,
+    })
+}
+
+/// Name of the strided ⇄ packed layout kernel.
+pub const PAD_KERNEL_NAME: &str = "pad_copy_b16";

@@ -1,0 +1,46 @@
+//! The 16-bit element types the kernels take. Elements travel as raw `u16` bits; this trait
+//! supplies the two operations whose instruction depends on the type.
+
+use super::ptx;
+
+/// A 16-bit floating-point element type with a tensor-core `mma` and a packing conversion.
+pub trait Elem {
+    /// `d += a · b` on one `m16n8k16` tile (see [`ptx::mma_m16n8k16_f16`]).
+    ///
+    /// # Safety
+    /// The whole warp executes it together.
+    unsafe fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]);
+
+    /// Packs two f32 into this type, `lo` in the low half.
+    ///
+    /// # Safety
+    /// Always safe to execute.
+    unsafe fn pack(lo: f32, hi: f32) -> u32;
+}
+
+/// IEEE half precision.
+pub struct F16;
+/// bfloat16.
+pub struct Bf16;
+
+impl Elem for F16 {
+    #[inline(always)]
+    unsafe fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+        ptx::mma_m16n8k16_f16(d, a, b)
+    }
+    #[inline(always)]
+    unsafe fn pack(lo: f32, hi: f32) -> u32 {
+        ptx::cvt_rn_f16x2_f32(lo, hi)
+    }
+}
+
+impl Elem for Bf16 {
+    #[inline(always)]
+    unsafe fn mma(d: &mut [f32; 4], a: [u32; 4], b: [u32; 2]) {
+        ptx::mma_m16n8k16_bf16(d, a, b)
+    }
+    #[inline(always)]
+    unsafe fn pack(lo: f32, hi: f32) -> u32 {
+        ptx::cvt_rn_bf16x2_f32(lo, hi)
+    }
+}

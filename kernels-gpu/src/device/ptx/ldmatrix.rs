@@ -1,0 +1,45 @@
+//! `ldmatrix`: warp-wide loads of 8×8 16-bit matrices from shared memory into the fragment
+//! layout `mma.sync` expects. Lane `l` supplies the row address of row `l % 8` of matrix
+//! `l / 8`; register `i` of every lane receives its part of matrix `i`.
+
+use core::arch::asm;
+
+/// Four 8×8 matrices, not transposed: lane `l` gets row `l / 4`, columns `2·(l % 4)` and `+1`
+/// of each matrix.
+///
+/// # Safety
+/// All 32 lanes execute it together, each with a 16-byte aligned shared address of a row that
+/// the block wrote and synchronised before.
+#[inline(always)]
+pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{a}, {b}, {c}, {d}}}, [{addr}];",
+        a = out(reg32) a,
+        b = out(reg32) b,
+        c = out(reg32) c,
+        d = out(reg32) d,
+        addr = in(reg32) addr,
+        options(nostack)
+    );
+    [a, b, c, d]
+}
+
+/// Four 8×8 matrices, transposed: lane `l` gets rows `2·(l % 4)` and `+1` of column `l / 4`.
+///
+/// # Safety
+/// As [`ldmatrix_x4`].
+#[inline(always)]
+pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{a}, {b}, {c}, {d}}}, [{addr}];",
+        a = out(reg32) a,
+        b = out(reg32) b,
+        c = out(reg32) c,
+        d = out(reg32) d,
+        addr = in(reg32) addr,
+        options(nostack)
+    );
+    [a, b, c, d]
+}

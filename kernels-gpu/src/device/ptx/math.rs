@@ -1,0 +1,65 @@
+//! Arithmetic the compiler would not pick on its own: fast `ex2`, packed 16-bit conversion and
+//! the quad shuffles of the row reductions.
+
+use core::arch::asm;
+
+/// `2^x` with the hardware approximation (flushes denormals; `ex2(-inf) = 0`).
+///
+/// # Safety
+/// Always safe to execute; `unsafe` as every wrapper of this module.
+#[inline(always)]
+pub unsafe fn ex2_approx_ftz(x: f32) -> f32 {
+    let y: f32;
+    asm!("ex2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack));
+    y
+}
+
+/// `log2(x)` with the hardware approximation.
+///
+/// # Safety
+/// As [`ex2_approx_ftz`].
+#[inline(always)]
+pub unsafe fn lg2_approx_ftz(x: f32) -> f32 {
+    let y: f32;
+    asm!("lg2.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack));
+    y
+}
+
+/// Packs two f32 into f16x2, round to nearest even: `lo` in bits 0..16, `hi` in 16..32.
+///
+/// # Safety
+/// As [`ex2_approx_ftz`].
+#[inline(always)]
+pub unsafe fn cvt_rn_f16x2_f32(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    asm!("cvt.rn.f16x2.f32 {d}, {hi}, {lo};", d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack));
+    d
+}
+
+/// Packs two f32 into bf16x2, round to nearest even: `lo` in bits 0..16, `hi` in 16..32.
+///
+/// # Safety
+/// As [`ex2_approx_ftz`].
+#[inline(always)]
+pub unsafe fn cvt_rn_bf16x2_f32(lo: f32, hi: f32) -> u32 {
+    let d: u32;
+    asm!("cvt.rn.bf16x2.f32 {d}, {hi}, {lo};", d = out(reg32) d, hi = in(reg32) hi, lo = in(reg32) lo, options(pure, nomem, nostack));
+    d
+}
+
+/// Butterfly shuffle over the whole warp: returns `x` of lane `lane ^ MASK`.
+///
+/// # Safety
+/// All 32 lanes execute it together.
+#[inline(always)]
+pub unsafe fn shfl_sync_bfly<const MASK: u32>(x: f32) -> f32 {
+    let y: f32;
+    asm!(
+        "shfl.sync.bfly.b32 {y}, {x}, {m}, 0x1f, 0xffffffff;",
+        y = out(reg32) y,
+        x = in(reg32) x,
+        m = const MASK,
+        options(nostack)
+    );
+    y
+}

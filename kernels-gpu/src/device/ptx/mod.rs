@@ -1,0 +1,17 @@
+//! The only home of inline PTX. One file per instruction family; each wrapper is an
+//! `#[inline(always)] unsafe fn` named after its mnemonic. A tidy test in the host crate fails
+//! if `asm!` appears anywhere else.
+
+mod cp_async;
+mod ldmatrix;
+mod math;
+mod mma;
+mod smem;
+mod sync;
+
+pub use cp_async::*;
+pub use ldmatrix::*;
+pub use math::*;
+pub use mma::*;
+pub use smem::*;
+pub use sync::*;

@@ -1,0 +1,76 @@
+//! Thread indices and barriers.
+
+use core::arch::asm;
+
+/// `%tid.x`.
+///
+/// # Safety
+/// Always safe to execute.
+#[inline(always)]
+pub unsafe fn tid_x() -> u32 {
+    let v: u32;
+    asm!("mov.u32 {v}, %tid.x;", v = out(reg32) v, options(pure, nomem, nostack));
+    v
+}
+
+/// `%ctaid.x`, `%ctaid.y`, `%ctaid.z`.
+///
+/// # Safety
+/// Always safe to execute.
+#[inline(always)]
+pub unsafe fn ctaid() -> (u32, u32, u32) {
+    let (x, y, z): (u32, u32, u32);
+    asm!(
+        "mov.u32 {x}, %ctaid.x;", "mov.u32 {y}, %ctaid.y;", "mov.u32 {z}, %ctaid.z;",
+        x = out(reg32) x, y = out(reg32) y, z = out(reg32) z,
+        options(pure, nomem, nostack)
+    );
+    (x, y, z)
+}
+
+/// `%nctaid.x`.
+///
+/// # Safety
+/// Always safe to execute.
+#[inline(always)]
+pub unsafe fn nctaid_x() -> u32 {
+    let v: u32;
+    asm!("mov.u32 {v}, %nctaid.x;", v = out(reg32) v, options(pure, nomem, nostack));
+    v
+}
+
+/// `bar.sync 0`: block-wide barrier; orders shared-memory accesses of the block.
+///
+/// # Safety
+/// Every thread of the block reaches it (no divergent barriers).
+#[inline(always)]
+pub unsafe fn bar_sync() {
+    asm!("bar.sync 0;", options(nostack));
+}
+
+/// `%ntid.x`.
+///
+/// # Safety
+/// Always safe to execute.
+#[inline(always)]
+pub unsafe fn ntid_x() -> u32 {
+    let v: u32;
+    asm!("mov.u32 {v}, %ntid.x;", v = out(reg32) v, options(pure, nomem, nostack));
+    v
+}
+
+/// Returns `x` through a `mov` the compiler may not hoist, merge or see through.
+///
+/// Inline-asm address operands take no immediate offset, so every `ldmatrix` address is a
+/// register. Left alone, LLVM hoists the loop-invariant part of each of them out of the key
+/// loop, keeping one live register per address (dozens). Passing the lane index through this
+/// at the top of each step makes the addresses step-local again, at one add per `ldmatrix`.
+///
+/// # Safety
+/// Always safe to execute.
+#[inline(always)]
+pub unsafe fn opaque_u32(x: u32) -> u32 {
+    let y: u32;
+    asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack));
+    y
+}
