@@ -1,0 +1,81 @@
+//! The nvptx "linker". rustc's `nvptx64-nvidia-cuda` target links bitcode with an
+//! `llvm-bitcode-linker`-style program (linker flavor `llbc`); rustup ships one, Debian does
+//! not. This is ours: `llvm-link` (all bitcode inputs, rlib archives included) → `opt -O3` with
+//! everything but the exported kernels internalised and dead code removed → `llc` to PTX.
+
+use crate::cmd;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Set in the environment of the kernel build: this binary then acts as the linker.
+pub const LINKER_ENV: &str = "XTASK_PTX_LINKER";
+/// Paths of `llvm-link`, `opt` and `llc`, set by `build-ptx` next to [`LINKER_ENV`].
+pub const LLVM_LINK_ENV: &str = "XTASK_LLVM_LINK";
+/// See [`LLVM_LINK_ENV`].
+pub const OPT_ENV: &str = "XTASK_OPT";
+/// See [`LLVM_LINK_ENV`].
+pub const LLC_ENV: &str = "XTASK_LLC";
+/// Extra `opt`/`llc` arguments (space separated), e.g. the unroll threshold.
+pub const LLVM_ARGS_ENV: &str = "XTASK_LLVM_ARGS";
+
+/// Links the bitcode inputs rustc passes into one PTX file.
+pub fn run(args: Vec<String>) -> Result<(), String> {
+    let mut exports = Vec::new();
+    let mut inputs = Vec::new();
+    let mut output = None;
+    let mut cpu = String::from("sm_80");
+    let mut features = String::new();
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--export-symbol" => exports.push(it.next().ok_or("--export-symbol needs a value")?),
+            "-o" => output = Some(PathBuf::from(it.next().ok_or("-o needs a value")?)),
+            "--target-cpu" => cpu = it.next().ok_or("--target-cpu needs a value")?,
+            "--target-feature" => features = it.next().ok_or("--target-feature needs a value")?,
+            "-L" | "--target" => {
+                it.next();
+            }
+            s if s.starts_with("--target-feature=") => {
+                features = s["--target-feature=".len()..].to_string()
+            }
+            s if s.starts_with("-O") || s == "--debug" => {}
+            s if s.starts_with('-') => return Err(format!("ptx linker: unknown argument {s}")),
+            _ => inputs.push(a),
+        }
+    }
+    let output = output.ok_or("ptx linker: no -o")?;
+    let tool = |env: &str| std::env::var(env).map_err(|_| format!("ptx linker: {env} not set"));
+    let extra: Vec<String> = std::env::var(LLVM_ARGS_ENV)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let linked = output.with_extension("linked.bc");
+    let optimized = output.with_extension("opt.bc");
+
+    cmd::run(
+        Command::new(tool(LLVM_LINK_ENV)?)
+            .arg("--ignore-non-bitcode")
+            .args(&inputs)
+            .arg("-o")
+            .arg(&linked),
+    )?;
+    cmd::run(
+        Command::new(tool(OPT_ENV)?)
+            .args(&extra)
+            .arg("--passes=default<O3>,internalize,globaldce")
+            .arg(format!("--internalize-public-api-list={}", exports.join(",")))
+            .arg(&linked)
+            .arg("-o")
+            .arg(&optimized),
+    )?;
+    let mut llc = Command::new(tool(LLC_ENV)?);
+    llc.args(&extra)
+        .arg("-O3")
+        .arg("-mtriple=nvptx64-nvidia-cuda")
+        .arg(format!("-mcpu={cpu}"));
+    if !features.is_empty() {
+        llc.arg(format!("-mattr={features}"));
+    }
+    cmd::run(llc.arg(&optimized).arg("-o").arg(&output))
+}
