@@ -25,7 +25,14 @@ impl DType {
 
 /// A scalar type that tensors of this crate hold: `f16`, `bf16` or `f32`.
 pub trait Element:
-    Copy + Default + Send + Sync + std::fmt::Debug + cudarc::driver::DeviceRepr + 'static
+    Copy
+    + Default
+    + Send
+    + Sync
+    + std::fmt::Debug
+    + cudarc::driver::DeviceRepr
+    + cudarc::driver::ValidAsZeroBits
+    + 'static
 {
     /// The runtime tag of this type.
     const DTYPE: DType;

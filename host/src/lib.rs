@@ -6,10 +6,20 @@
 //! at run time. Where no GPU is present, [`cpu`] runs the same algorithm on the CPU.
 
 pub mod cpu;
+pub mod device;
 pub mod dtype;
 pub mod error;
+mod fwd;
+mod launch;
 pub mod params;
+mod ptx;
+pub mod shape;
+pub mod tensor;
+pub mod timing;
 
+pub use device::{device_count, Device};
 pub use dtype::{DType, Element};
 pub use error::{FlashError, Result};
+pub use fwd::{flash_attn, flash_attn_into};
 pub use params::AttnParams;
+pub use tensor::DeviceTensor;

@@ -15,13 +15,13 @@ pub struct AttnParams {
 impl AttnParams {
     /// The scale to use for a head dim, checked to be finite.
     pub fn scale(&self, head_dim: usize) -> Result<f32> {
-        let s = self
-            .softmax_scale
-            .unwrap_or(1.0 / (head_dim as f32).sqrt());
+        let s = self.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
         if s.is_finite() {
             Ok(s)
         } else {
-            Err(FlashError::Param(format!("softmax_scale must be finite, got {s}")))
+            Err(FlashError::Param(format!(
+                "softmax_scale must be finite, got {s}"
+            )))
         }
     }
 }

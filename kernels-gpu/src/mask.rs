@@ -78,9 +78,21 @@ mod tests {
     /// Brute force: the tile range and the needs-mask flag agree with the element predicate.
     #[test]
     fn tile_policy_matches_predicate() {
-        for &(nq, nk) in &[(1u32, 1u32), (7, 13), (13, 7), (64, 64), (100, 37), (37, 100), (129, 255)] {
+        for &(nq, nk) in &[
+            (1u32, 1u32),
+            (7, 13),
+            (13, 7),
+            (64, 64),
+            (100, 37),
+            (37, 100),
+            (129, 255),
+        ] {
             for causal in [false, true] {
-                let m = CausalMask { seqlen_q: nq, seqlen_k: nk, causal };
+                let m = CausalMask {
+                    seqlen_q: nq,
+                    seqlen_k: nk,
+                    causal,
+                };
                 for (bm, bn) in [(16u32, 16u32), (64, 32), (128, 64)] {
                     for row0 in (0..nq).step_by(bm as usize) {
                         let (start, end) = m.key_tiles(row0, bm, bn);
@@ -90,7 +102,10 @@ mod tests {
                             let any = rows.clone().any(|r| keys.clone().any(|k| m.visible(r, k)));
                             let all = rows.clone().all(|r| keys.clone().all(|k| m.visible(r, k)));
                             let inside = n >= start && n < end;
-                            assert_eq!(any, inside, "nq={nq} nk={nk} causal={causal} row0={row0} n={n}");
+                            assert_eq!(
+                                any, inside,
+                                "nq={nq} nk={nk} causal={causal} row0={row0} n={n}"
+                            );
                             if inside {
                                 // rows past seqlen_q are never stored, so only valid rows count
                                 assert!(all || m.tile_needs_mask(row0, bm, n, bn));

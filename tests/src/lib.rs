@@ -1,1 +1,160 @@
-//! Shared helpers of the test suites.
+//! Shared helpers of the test suites: random inputs, conversions, and the accuracy rule that
+//! every backend (CPU now, GPU later) is held to.
+//!
+//! The accuracy rule ([`check_accuracy`]): against the float64 reference, a backend may err at
+//! most twice as much as the naive implementation in the same element type, plus `1e-5`:
+//! `max|ours − ref| ≤ 2·max|naive − ref| + 1e-5`, for O and for LSE separately. NaN always
+//! fails, and an infinite LSE (a row that sees no key) must be matched exactly.
+
+use flash_attn::shape::AttnShape;
+use flash_attn::Element;
+use ndarray::{Array, Array4, ArrayView, ArrayView3, ArrayView4, Dimension};
+use rand::Rng;
+
+/// How large the random queries and keys are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Magnitude {
+    /// Standard normal entries.
+    Normal,
+    /// Entries scaled so that the scores `scale·q·k` have a standard deviation of 50/3: they
+    /// spread over about ±50, which stresses the running maximum of the softmax.
+    Large,
+}
+
+impl Magnitude {
+    /// Standard deviation of the Q and K entries for a head dim and a softmax scale.
+    pub fn std_dev(self, head_dim: usize, scale: f32) -> f32 {
+        match self {
+            Magnitude::Normal => 1.0,
+            Magnitude::Large => {
+                // std(scale·q·k) = σ²·|scale|·√d for independent N(0, σ²) entries
+                let per_unit = scale.abs().max(1e-3) * (head_dim as f32).sqrt();
+                (50.0 / 3.0 / per_unit).sqrt()
+            }
+        }
+    }
+}
+
+/// A draw from the standard normal distribution (Box–Muller).
+pub fn standard_normal(rng: &mut impl Rng) -> f32 {
+    let u1 = 1.0 - rng.gen::<f32>(); // (0, 1]: keeps ln finite
+    let u2 = rng.gen::<f32>();
+    (-2.0 * u1.ln()).sqrt() * (std::f32::consts::TAU * u2).cos()
+}
+
+/// An array of `dims` with independent `N(0, std_dev²)` entries rounded to `T`.
+pub fn random_array<T: Element>(rng: &mut impl Rng, dims: [usize; 4], std_dev: f32) -> Array4<T> {
+    Array4::from_shape_simple_fn(dims, || T::from_f32(std_dev * standard_normal(rng)))
+}
+
+/// Fresh random Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` for `shape`: Q and K with the
+/// standard deviation of `magnitude` (for the softmax `scale` that will be used), V standard
+/// normal.
+pub fn random_qkv<T: Element>(
+    rng: &mut impl Rng,
+    shape: &AttnShape,
+    magnitude: Magnitude,
+    scale: f32,
+) -> (Array4<T>, Array4<T>, Array4<T>) {
+    let sigma = magnitude.std_dev(shape.head_dim, scale);
+    let q = random_array(rng, shape.q_dims(), sigma);
+    let k = random_array(rng, shape.kv_dims(), sigma);
+    let v = random_array(rng, shape.kv_dims(), 1.0);
+    (q, k, v)
+}
+
+/// The same values as `a` (`[B, N, H, d]`), stored head-major (`[B, H, N, d]` in memory), so
+/// that the view has non-standard strides.
+pub fn head_major<T: Clone>(a: ArrayView4<T>) -> Array4<T> {
+    let order = [0, 2, 1, 3];
+    a.permuted_axes(order)
+        .as_standard_layout()
+        .into_owned()
+        .permuted_axes(order)
+}
+
+/// Converts an array of f16, bf16 or f32 to f64 (exactly).
+pub fn to_f64<T: Element, D: Dimension>(a: ArrayView<T, D>) -> Array<f64, D> {
+    a.mapv(|x| f64::from(x.to_f32()))
+}
+
+/// The largest elementwise `|a − b|`: equal values (including equal infinities) differ by 0,
+/// and any NaN makes the result NaN.
+pub fn max_abs_diff<D: Dimension>(a: ArrayView<f64, D>, b: ArrayView<f64, D>) -> f64 {
+    worst_diff(a, b).map_or(0.0, |w| w.diff)
+}
+
+/// The element where two arrays differ most.
+struct Worst<P> {
+    /// `|a − b|`, 0 for equal values, NaN if either is NaN.
+    diff: f64,
+    /// Its index.
+    at: P,
+    /// The value in `a`.
+    a: f64,
+    /// The value in `b`.
+    b: f64,
+}
+
+/// The element where `a` and `b` differ most (a NaN difference counts as largest); `None` for
+/// empty arrays.
+fn worst_diff<D: Dimension>(
+    a: ArrayView<f64, D>,
+    b: ArrayView<f64, D>,
+) -> Option<Worst<D::Pattern>> {
+    let mut worst: Option<Worst<D::Pattern>> = None;
+    for ((at, &a), &b) in a.indexed_iter().zip(b.iter()) {
+        let diff = if a == b { 0.0 } else { (a - b).abs() };
+        let larger = worst
+            .as_ref()
+            .is_none_or(|w| !w.diff.is_nan() && (diff.is_nan() || diff > w.diff));
+        if larger {
+            worst = Some(Worst { diff, at, a, b });
+        }
+    }
+    worst
+}
+
+/// The accuracy rule, for one call's outputs `(O, LSE)`: ours and the naive implementation in
+/// the same element type, each measured against the float64 reference. O and LSE are checked
+/// separately; the error message names the tensor, the worst element and both errors.
+pub fn check_accuracy<T: Element, U: Element>(
+    ours: (ArrayView4<T>, ArrayView3<f32>),
+    naive: (ArrayView4<U>, ArrayView3<f32>),
+    reference: (ArrayView4<f64>, ArrayView3<f64>),
+) -> Result<(), String> {
+    check_tensor("O", ours.0, naive.0, reference.0)?;
+    check_tensor("LSE", ours.1, naive.1, reference.1)
+}
+
+/// [`check_accuracy`] for one tensor.
+fn check_tensor<T: Element, U: Element, D: Dimension>(
+    what: &str,
+    ours: ArrayView<T, D>,
+    naive: ArrayView<U, D>,
+    reference: ArrayView<f64, D>,
+) -> Result<(), String> {
+    if ours.shape() != reference.shape() || naive.shape() != reference.shape() {
+        return Err(format!(
+            "{what}: shapes differ: ours {:?}, naive {:?}, reference {:?}",
+            ours.shape(),
+            naive.shape(),
+            reference.shape()
+        ));
+    }
+    let naive_err = max_abs_diff(to_f64(naive).view(), reference.view());
+    if !naive_err.is_finite() {
+        return Err(format!(
+            "{what}: the naive yardstick itself is off by {naive_err}"
+        ));
+    }
+    let tolerance = 2.0 * naive_err + 1e-5;
+    match worst_diff(to_f64(ours).view(), reference.view()) {
+        Some(w) if w.diff.is_nan() || w.diff > tolerance => Err(format!(
+            "{what}: error {:e} at {:?} (ours {}, reference {}) exceeds 2·{naive_err:e} + 1e-5 \
+             (twice the naive implementation's error)",
+            w.diff, w.at, w.a, w.b
+        )),
+        _ => Ok(()),
+    }
+}

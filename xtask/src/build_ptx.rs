@@ -39,14 +39,20 @@ const UNROLL_THRESHOLD: &str = "-unroll-threshold=2000";
 
 /// Committed location of a target's PTX.
 pub fn committed_path(t: &PtxTarget) -> PathBuf {
-    cmd::repo_root().join("host/ptx").join(format!("{}.ptx", t.name))
+    cmd::repo_root()
+        .join("host/ptx")
+        .join(format!("{}.ptx", t.name))
 }
 
 /// Builds every target; writes the PTX (or, with `check`, compares it with the committed
 /// files); then runs the ptxas check.
 pub fn run(check: bool) -> Result<(), String> {
     let tc = toolchain::ensure()?;
-    eprintln!("kernel toolchain: {} (rustc {})", tc.origin, tc.rustc.display());
+    eprintln!(
+        "kernel toolchain: {} (rustc {})",
+        tc.origin,
+        tc.rustc.display()
+    );
     let root = cmd::repo_root();
     let mut stale = Vec::new();
     for t in &TARGETS {
@@ -113,7 +119,13 @@ fn build_target(tc: &toolchain::Toolchain, t: &PtxTarget, root: &Path) -> Result
         .env(ptx_link::LLC_ENV, &tc.llc)
         .env(ptx_link::LLVM_ARGS_ENV, UNROLL_THRESHOLD)
         .args(["rustc", "--profile", "ptx", "-Zbuild-std=core"])
-        .args(["--target", "nvptx64-nvidia-cuda", "--lib", "--crate-type", "cdylib"])
+        .args([
+            "--target",
+            "nvptx64-nvidia-cuda",
+            "--lib",
+            "--crate-type",
+            "cdylib",
+        ])
         .args(["--manifest-path", "kernels-gpu/Cargo.toml"]);
     cmd::run(&mut c)?;
     let out = target_dir.join("nvptx64-nvidia-cuda/ptx/deps/flash_attn_kernels.ptx");
@@ -123,9 +135,17 @@ fn build_target(tc: &toolchain::Toolchain, t: &PtxTarget, root: &Path) -> Result
 /// The PTX must not depend on where the repository or toolchain lives.
 fn check_no_paths(ptx: &str, name: &str) -> Result<(), String> {
     let root = cmd::repo_root().display().to_string();
-    for needle in [root.as_str(), "/home/", "/root/", "/usr/lib/rustlib", ".cargo/registry"] {
+    for needle in [
+        root.as_str(),
+        "/home/",
+        "/root/",
+        "/usr/lib/rustlib",
+        ".cargo/registry",
+    ] {
         if ptx.contains(needle) {
-            return Err(format!("{name}: PTX contains a machine path ({needle}); the build is not reproducible"));
+            return Err(format!(
+                "{name}: PTX contains a machine path ({needle}); the build is not reproducible"
+            ));
         }
     }
     Ok(())

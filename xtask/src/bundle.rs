@@ -1,1 +1,103 @@
-pub fn run() -> Result<(), String> { Err("todo".into()) }
+//! `cargo xtask bundle`: everything a GPU machine without Rust needs, in `bundle/`
+//! (git-ignored, at most 64 MiB): the release test binaries, the benchmark and CLI binaries,
+//! the PyTorch comparison script and `run.sh`.
+
+use crate::cmd;
+use std::path::Path;
+use std::process::Command;
+
+/// Size limit of the bundle (what the GPU machines accept).
+const MAX_BYTES: u64 = 64 << 20;
+
+/// Builds the bundle.
+pub fn run() -> Result<(), String> {
+    let root = cmd::repo_root();
+    let out = root.join("bundle");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(|e| e.to_string())?;
+    }
+    for sub in ["tests", "bin", "scripts"] {
+        std::fs::create_dir_all(out.join(sub)).map_err(|e| e.to_string())?;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // Stripped release binaries keep the bundle small.
+    let strip = [
+        ("CARGO_PROFILE_RELEASE_STRIP", "symbols"),
+        ("CARGO_PROFILE_RELEASE_DEBUG", "false"),
+    ];
+    cmd::run(Command::new(&cargo).current_dir(&root).envs(strip).args([
+        "build",
+        "--release",
+        "-p",
+        "flash-attn",
+        "--bins",
+    ]))?;
+    let json = cmd::output(
+        Command::new(&cargo)
+            .current_dir(&root)
+            .envs(strip)
+            .args(["test", "--release", "--no-run", "--message-format=json"])
+            .args([
+                "-p",
+                "flash-attn-tests",
+                "-p",
+                "flash-attn",
+                "-p",
+                "flash-attn-kernels",
+            ]),
+    )?;
+    for line in json.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
+            continue;
+        }
+        if let Some(exe) = v["executable"].as_str() {
+            let name = format!(
+                "{}-{}",
+                v["target"]["name"].as_str().unwrap_or("test"),
+                v["target"]["kind"][0].as_str().unwrap_or("lib")
+            );
+            copy(Path::new(exe), &out.join("tests").join(name))?;
+        }
+    }
+    for bin in ["flash-attn-bench", "flash-attn-cli"] {
+        copy(
+            &root.join("target/release").join(bin),
+            &out.join("bin").join(bin),
+        )?;
+    }
+    copy(
+        &root.join("xtask/scripts/bench_torch.py"),
+        &out.join("scripts/bench_torch.py"),
+    )?;
+    copy(&root.join("xtask/scripts/run.sh"), &out.join("run.sh"))?;
+    let size = dir_size(&out)?;
+    eprintln!("bundle/: {:.1} MiB", size as f64 / (1 << 20) as f64);
+    if size > MAX_BYTES {
+        return Err(format!("bundle is {size} bytes, over the 64 MiB limit"));
+    }
+    println!("bundle ready: carry `bundle` and run `bash bundle/run.sh test` / `bash bundle/run.sh bench`");
+    Ok(())
+}
+
+fn copy(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|e| format!("copy {} -> {}: {e}", from.display(), to.display()))
+}
+
+fn dir_size(dir: &Path) -> Result<u64, String> {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).map_err(|e| e.to_string())? {
+        let e = e.map_err(|e| e.to_string())?;
+        let m = e.metadata().map_err(|e| e.to_string())?;
+        total += if m.is_dir() {
+            dir_size(&e.path())?
+        } else {
+            m.len()
+        };
+    }
+    Ok(total)
+}

@@ -64,7 +64,10 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
         Command::new(tool(OPT_ENV)?)
             .args(&extra)
             .arg("--passes=default<O3>,internalize,globaldce")
-            .arg(format!("--internalize-public-api-list={}", exports.join(",")))
+            .arg(format!(
+                "--internalize-public-api-list={}",
+                exports.join(",")
+            ))
             .arg(&linked)
             .arg("-o")
             .arg(&optimized),

@@ -37,17 +37,27 @@ pub fn report_committed() -> Result<(), String> {
                 .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
             let text = String::from_utf8_lossy(&out.stderr).into_owned();
             if !out.status.success() {
-                return Err(format!("ptxas -arch={arch} {} failed:\n{text}", path.display()));
+                return Err(format!(
+                    "ptxas -arch={arch} {} failed:\n{text}",
+                    path.display()
+                ));
             }
             all.extend(parse(&text, arch));
         }
     }
-    println!("{:<24} {:<7} {:>5} {:>6} {:>7}", "kernel", "arch", "regs", "stack", "spills");
+    println!(
+        "{:<24} {:<7} {:>5} {:>6} {:>7}",
+        "kernel", "arch", "regs", "stack", "spills"
+    );
     let mut bad = Vec::new();
     for u in &all {
         println!(
             "{:<24} {:<7} {:>5} {:>6} {:>7}",
-            u.kernel, u.arch, u.registers, u.stack, u.spill_stores + u.spill_loads
+            u.kernel,
+            u.arch,
+            u.registers,
+            u.stack,
+            u.spill_stores + u.spill_loads
         );
         let local = u.stack + u.spill_stores + u.spill_loads > 0;
         if local && !LOCAL_MEMORY_ALLOWED.contains(&u.kernel.as_str()) {
@@ -56,10 +66,16 @@ pub fn report_committed() -> Result<(), String> {
     }
     let _ = cmd::show;
     if bad.is_empty() {
-        println!("ptxas check: {} kernel/arch pairs, no spills, no stack", all.len());
+        println!(
+            "ptxas check: {} kernel/arch pairs, no spills, no stack",
+            all.len()
+        );
         Ok(())
     } else {
-        Err(format!("local memory (stack or spills) in: {}", bad.join(", ")))
+        Err(format!(
+            "local memory (stack or spills) in: {}",
+            bad.join(", ")
+        ))
     }
 }
 
@@ -79,7 +95,11 @@ fn parse(text: &str, arch: &str) -> Vec<Usage> {
             }
             let rest = &line[i + "Compiling entry function '".len()..];
             let name = rest.split('\'').next().unwrap_or("").to_string();
-            current = Some(Usage { kernel: name, arch: arch.to_string(), ..Default::default() });
+            current = Some(Usage {
+                kernel: name,
+                arch: arch.to_string(),
+                ..Default::default()
+            });
         } else if let Some(u) = current.as_mut() {
             if line.contains("bytes stack frame") && u.registers == 0 {
                 u.stack = num_before(line, "bytes stack frame").unwrap_or(0);

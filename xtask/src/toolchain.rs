@@ -40,7 +40,11 @@ fn debian() -> Result<Toolchain, Vec<String>> {
     };
     need("/usr/bin/rustc", "rustc-web", &mut missing);
     need("/usr/bin/cargo", "cargo-web", &mut missing);
-    need("/usr/lib/rustlib/src/rust/library/core", "rust-web-src", &mut missing);
+    need(
+        "/usr/lib/rustlib/src/rust/library/core",
+        "rust-web-src",
+        &mut missing,
+    );
     for t in ["llvm-link-22", "opt-22", "llc-22"] {
         need(&format!("/usr/bin/{t}"), "llvm-22", &mut missing);
     }
@@ -62,17 +66,25 @@ fn debian() -> Result<Toolchain, Vec<String>> {
 /// optionally suffixed with a version).
 fn rustup_nightly() -> Result<Toolchain, Vec<String>> {
     let mut missing = Vec::new();
-    let sysroot = cmd::output(Command::new("rustup").args(["run", "nightly", "rustc", "--print", "sysroot"]))
-        .map(|s| PathBuf::from(s.trim()));
+    let sysroot =
+        cmd::output(Command::new("rustup").args(["run", "nightly", "rustc", "--print", "sysroot"]))
+            .map(|s| PathBuf::from(s.trim()));
     let sysroot = match sysroot {
         Ok(s) => s,
-        Err(_) => return Err(vec!["a rustup nightly toolchain (`rustup toolchain install nightly --component rust-src`)".into()]),
+        Err(_) => return Err(vec![
+            "a rustup nightly toolchain (`rustup toolchain install nightly --component rust-src`)"
+                .into(),
+        ]),
     };
     if !sysroot.join("lib/rustlib/src/rust/library/core").exists() {
-        missing.push("rust-src for nightly (`rustup component add rust-src --toolchain nightly`)".into());
+        missing.push(
+            "rust-src for nightly (`rustup component add rust-src --toolchain nightly`)".into(),
+        );
     }
     let find = |base: &str| -> Option<PathBuf> {
-        let host_bin = sysroot.join("lib/rustlib/x86_64-unknown-linux-gnu/bin").join(base);
+        let host_bin = sysroot
+            .join("lib/rustlib/x86_64-unknown-linux-gnu/bin")
+            .join(base);
         if host_bin.is_file() {
             return Some(host_bin);
         }
@@ -80,10 +92,15 @@ fn rustup_nightly() -> Result<Toolchain, Vec<String>> {
             .chain((17..=23).rev().map(|v| format!("{base}-{v}")))
             .find_map(|n| cmd::which(&n))
     };
-    let tools: Vec<Option<PathBuf>> = ["llvm-link", "opt", "llc"].iter().map(|t| find(t)).collect();
+    let tools: Vec<Option<PathBuf>> = ["llvm-link", "opt", "llc"]
+        .iter()
+        .map(|t| find(t))
+        .collect();
     for (t, p) in ["llvm-link", "opt", "llc"].iter().zip(&tools) {
         if p.is_none() {
-            missing.push(format!("{t} (LLVM ≥ 17 tools, e.g. `apt-get install llvm-22`)"));
+            missing.push(format!(
+                "{t} (LLVM ≥ 17 tools, e.g. `apt-get install llvm-22`)"
+            ));
         }
     }
     if !missing.is_empty() {
@@ -112,7 +129,9 @@ pub fn ensure() -> Result<Toolchain, String> {
         Ok(t) => return Ok(t),
         Err(m) => m,
     };
-    let is_root = cmd::output(Command::new("id").arg("-u")).map(|s| s.trim() == "0").unwrap_or(false);
+    let is_root = cmd::output(Command::new("id").arg("-u"))
+        .map(|s| s.trim() == "0")
+        .unwrap_or(false);
     if cmd::which("apt-get").is_some() && is_root {
         eprintln!(
             "kernel toolchain missing ({}); installing Debian packages: {}",
@@ -126,7 +145,8 @@ pub fn ensure() -> Result<Toolchain, String> {
                 .args(APT_PACKAGES)
                 .env("DEBIAN_FRONTEND", "noninteractive"),
         )?;
-        return debian().map_err(|m| format!("still missing after apt-get install: {}", m.join(", ")));
+        return debian()
+            .map_err(|m| format!("still missing after apt-get install: {}", m.join(", ")));
     }
     Err(format!(
         "no kernel toolchain found.\n  Debian/Ubuntu: `sudo apt-get install {}` (missing: {})\n  rustup: missing {}",
@@ -152,8 +172,20 @@ pub fn ptxas() -> Result<PathBuf, String> {
     let python = cmd::which("python3").ok_or("python3 is needed to fetch ptxas (pip wheel)")?;
     cmd::run(
         Command::new(&python)
-            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
-            .args(["--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+            ])
+            .args([
+                "--platform",
+                "manylinux_2_17_x86_64",
+                "--platform",
+                "manylinux2014_x86_64",
+            ])
             .arg(PTXAS_WHEEL)
             .arg("-d")
             .arg(&wheels),
@@ -162,6 +194,11 @@ pub fn ptxas() -> Result<PathBuf, String> {
         w = glob.glob(os.path.join(sys.argv[1], '*.whl'))[0]\n\
         zipfile.ZipFile(w).extract('nvidia/cu13/bin/ptxas', sys.argv[2])\n\
         os.chmod(os.path.join(sys.argv[2], 'nvidia/cu13/bin/ptxas'), 0o755)\n";
-    cmd::run(Command::new(&python).args(["-c", script]).arg(&wheels).arg(&cache))?;
+    cmd::run(
+        Command::new(&python)
+            .args(["-c", script])
+            .arg(&wheels)
+            .arg(&cache),
+    )?;
     Ok(exe)
 }

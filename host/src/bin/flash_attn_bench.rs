@@ -1,1 +1,155 @@
-fn main(){}
+//! Forward-pass benchmark: FlashAttention's configuration (B·N = 16K tokens, total width
+//! 2048, d ∈ {64, 128}, N from 512 to 16K, causal or not, f16 and bf16). Prints a table and
+//! writes JSON rows; `xtask/scripts/bench_torch.py` adds PyTorch SDPA's numbers measured in the
+//! same run on the same device.
+//!
+//! Usage: `flash-attn-bench [--out rows.json] [--quick] [--reps N]`
+
+use flash_attn::timing::{median, time_ms};
+use flash_attn::{flash_attn_into, AttnParams, Device, DeviceTensor, Element, Result};
+use half::{bf16, f16};
+
+const TOKENS: usize = 16 * 1024;
+const WIDTH: usize = 2048;
+
+struct Row {
+    dtype: &'static str,
+    d: usize,
+    b: usize,
+    h: usize,
+    n: usize,
+    causal: bool,
+    ms: f32,
+}
+
+impl Row {
+    fn tflops(&self) -> f64 {
+        let flops = 4.0 * (self.b * self.h * self.n * self.n * self.d) as f64;
+        let flops = if self.causal { flops / 2.0 } else { flops };
+        flops / (self.ms as f64 * 1e-3) / 1e12
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1) (xorshift), so runs are comparable.
+fn random<T: Element>(n: usize, seed: u64) -> Vec<T> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            T::from_f32(((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0)
+        })
+        .collect()
+}
+
+fn bench_dtype<T: Element>(
+    dev: &Device,
+    name: &'static str,
+    ns: &[usize],
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    for d in [64usize, 128] {
+        let h = WIDTH / d;
+        let total = TOKENS * h * d;
+        let q = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 1))?;
+        let k = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 2))?;
+        let v = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 3))?;
+        let o = DeviceTensor::<T>::from_host(dev, &[total], &vec![T::default(); total])?;
+        let (mut q, mut k, mut v, mut o) = (q, k, v, o);
+        for &n in ns {
+            let b = TOKENS / n;
+            let shape = [b, n, h, d];
+            let strides = [n * h * d, h * d, d, 1];
+            q = q.with_layout(&shape, &strides, 0)?;
+            k = k.with_layout(&shape, &strides, 0)?;
+            v = v.with_layout(&shape, &strides, 0)?;
+            o = o.with_layout(&shape, &strides, 0)?;
+            let mut lse = DeviceTensor::<f32>::from_host(dev, &[b, h, n], &vec![0.0; b * h * n])?;
+            for causal in [false, true] {
+                let params = AttnParams {
+                    causal,
+                    softmax_scale: None,
+                };
+                let times = time_ms(dev, 3, reps, || {
+                    flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
+                })?;
+                let row = Row {
+                    dtype: name,
+                    d,
+                    b,
+                    h,
+                    n,
+                    causal,
+                    ms: median(&times),
+                };
+                eprintln!(
+                    "{:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s",
+                    name,
+                    d,
+                    b,
+                    h,
+                    n,
+                    causal,
+                    row.ms,
+                    row.tflops()
+                );
+                rows.push(row);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let flag = |f: &str| {
+        args.iter()
+            .position(|a| a == f)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+    };
+    let out = flag("--out");
+    let reps: usize = flag("--reps").and_then(|r| r.parse().ok()).unwrap_or(20);
+    let quick = args.iter().any(|a| a == "--quick");
+    let ns: Vec<usize> = if quick {
+        vec![1024, 4096]
+    } else {
+        vec![512, 1024, 2048, 4096, 8192, 16384]
+    };
+    let dev = match Device::new(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("flash-attn-bench: SKIPPED, no GPU: {e}");
+            std::process::exit(2);
+        }
+    };
+    let device = dev.name().unwrap_or_default();
+    let date = std::env::var("BENCH_DATE").unwrap_or_default();
+    let mut rows = Vec::new();
+    let run = bench_dtype::<f16>(&dev, "f16", &ns, reps, &mut rows)
+        .and_then(|_| bench_dtype::<bf16>(&dev, "bf16", &ns, reps, &mut rows));
+    if let Err(e) = run {
+        eprintln!("flash-attn-bench: error: {e}");
+        std::process::exit(1);
+    }
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "op": "fwd", "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
+                "causal": r.causal, "ours_ms": r.ms, "ours_tflops": r.tflops(),
+                "device": device, "date": date, "ptx_arch": dev.ptx_arch(),
+            })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&json).expect("rows serialise");
+    match out {
+        Some(path) => std::fs::write(&path, text).unwrap_or_else(|e| {
+            eprintln!("flash-attn-bench: cannot write {path}: {e}");
+            std::process::exit(1);
+        }),
+        None => println!("{text}"),
+    }
+}

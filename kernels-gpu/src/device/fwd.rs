@@ -145,11 +145,27 @@ pub unsafe fn flash_fwd<
             let tiles = (q_tile, k_tile(buf), v_tile(buf));
             if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
                 attend_tile::<E, true, D, PITCH, BM, BN, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(
-                    &mut st, &q_frag, tiles, &mask, p.scale_log2, warp, lane, rows, n,
+                    &mut st,
+                    &q_frag,
+                    tiles,
+                    &mask,
+                    p.scale_log2,
+                    warp,
+                    lane,
+                    rows,
+                    n,
                 );
             } else {
                 attend_tile::<E, false, D, PITCH, BM, BN, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(
-                    &mut st, &q_frag, tiles, &mask, p.scale_log2, warp, lane, rows, n,
+                    &mut st,
+                    &q_frag,
+                    tiles,
+                    &mask,
+                    p.scale_log2,
+                    warp,
+                    lane,
+                    rows,
+                    n,
                 );
             }
             buf ^= 1;
@@ -177,7 +193,11 @@ unsafe fn attend_tile<
 >(
     st: &mut RowState<D_TILES>,
     q_frag: &[[u32; 4]; K_STEPS],
-    (q_tile, k_tile, v_tile): (SmemTile<BM, PITCH>, SmemTile<BN, PITCH>, SmemTile<BN, PITCH>),
+    (q_tile, k_tile, v_tile): (
+        SmemTile<BM, PITCH>,
+        SmemTile<BN, PITCH>,
+        SmemTile<BN, PITCH>,
+    ),
     mask: &CausalMask,
     scale_log2: f32,
     warp: u32,
@@ -221,7 +241,11 @@ unsafe fn attend_tile<
         let m_new = quad_max(row_max[r]);
         // A row that has seen only masked keys keeps m = −∞; subtracting 0 instead keeps
         // 2^(−∞ − shift) = 0 rather than NaN.
-        shift[r] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+        shift[r] = if m_new == f32::NEG_INFINITY {
+            0.0
+        } else {
+            m_new
+        };
         rescale[r] = ptx::ex2_approx_ftz(st.m[r] - shift[r]);
         st.m[r] = m_new;
     }
@@ -294,7 +318,8 @@ unsafe fn store_output<E: Elem, const D_TILES: usize>(
             }
         }
         if pos.t == 0 {
-            let at = batch as u64 * p.lse_batch_stride + head as u64 * p.lse_head_stride + row as u64;
+            let at =
+                batch as u64 * p.lse_batch_stride + head as u64 * p.lse_head_stride + row as u64;
             *(p.lse as *mut f32).add(at as usize) = lse[r];
         }
     }

@@ -1,0 +1,21 @@
+//! The CPU backend and the reference implementations the tests measure it against.
+//!
+//! - [`attention_cpu`] / [`attention_cpu_into`]: FlashAttention-2's tiled forward pass (query
+//!   tiles outside, key tiles inside, online softmax in the base-2 domain, f32 accumulation).
+//!   It asks [`flash_attn_kernels::mask::CausalMask`] which key tiles to visit and which
+//!   elements to mask, exactly like the GPU kernels, so both backends agree on every edge.
+//! - [`attention_reference`]: naive float64 attention with materialised scores; the test oracle.
+//! - [`attention_naive`]: the same naive algorithm in an element type `T` (scores and
+//!   probabilities rounded to `T`), the yardstick of the accuracy rule.
+//!
+//! All of them take Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` with any strides, and return
+//! O `[B, Nq, Hq, d]` and the natural-log LSE `[B, Hq, Nq]`. A query row that sees no key gets
+//! O = 0 and LSE = −∞.
+
+mod online_softmax;
+mod reference;
+mod tiled;
+mod validate;
+
+pub use reference::{attention_naive, attention_reference};
+pub use tiled::{attention_cpu, attention_cpu_into, BLOCK_M, BLOCK_N};

@@ -1,0 +1,149 @@
+//! The CPU backend: FlashAttention-2's tiled forward pass.
+//!
+//! For every (batch, query head), query tiles of [`BLOCK_M`] rows are visited in order; for
+//! each, the key tiles of [`BLOCK_N`] keys that [`CausalMask::key_tiles`] names are folded in
+//! with the online softmax (f32 accumulation, exponents in base 2 with
+//! `scale_log2 = scale·log2 e`), masking element by element only in tiles where
+//! [`CausalMask::tile_needs_mask`] says so. The `Nq × Nk` score matrix is never materialised:
+//! one `BLOCK_M × BLOCK_N` tile at a time. The (batch, head) pairs are spread over threads.
+
+use flash_attn_kernels::mask::{AttnMask, CausalMask};
+use ndarray::{
+    s, Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3,
+    ArrayViewMut4, Axis,
+};
+
+use crate::cpu::online_softmax::QueryTile;
+use crate::cpu::validate::{check_inputs, check_outputs};
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::params::AttnParams;
+
+/// Query rows per tile.
+pub const BLOCK_M: usize = 64;
+
+/// Keys per tile.
+pub const BLOCK_N: usize = 64;
+
+/// Attention on the CPU: Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` (any strides, `Hkv`
+/// dividing `Hq`), any head dim ≥ 1. Returns O `[B, Nq, Hq, d]` and the natural-log LSE
+/// `[B, Hq, Nq]`; a row that sees no key gets O = 0 and LSE = −∞. Invalid shapes or a
+/// non-finite scale are reported as errors, see [`crate::shape::check_shapes`].
+pub fn attention_cpu<T: Element>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    params: &AttnParams,
+) -> Result<(Array4<T>, Array3<f32>)> {
+    let shape = check_inputs(&q, &k, &v)?;
+    let mut o = Array4::from_elem(shape.q_dims(), T::default());
+    let mut lse = Array3::zeros(shape.lse_dims());
+    attention_cpu_into(q, k, v, params, o.view_mut(), lse.view_mut())?;
+    Ok((o, lse))
+}
+
+/// [`attention_cpu`] writing into caller-provided outputs O `[B, Nq, Hq, d]` and LSE
+/// `[B, Hq, Nq]` (any strides); their shapes are checked ([`crate::FlashError::Shape`]).
+pub fn attention_cpu_into<T: Element>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    params: &AttnParams,
+    o: ArrayViewMut4<T>,
+    lse: ArrayViewMut3<f32>,
+) -> Result<()> {
+    let shape = check_inputs(&q, &k, &v)?;
+    check_outputs(&shape, &o, &lse)?;
+    let scale = params.scale(shape.head_dim)?;
+    let scale_log2 = (f64::from(scale) * std::f64::consts::LOG2_E) as f32;
+    let mask = CausalMask {
+        seqlen_q: shape.seqlen_q as u32,
+        seqlen_k: shape.seqlen_k as u32,
+        causal: params.causal,
+    };
+    let mut jobs = Vec::with_capacity(shape.batch * shape.heads_q);
+    for (b, (o_b, lse_b)) in o
+        .into_outer_iter_mut()
+        .zip(lse.into_outer_iter_mut())
+        .enumerate()
+    {
+        let heads = o_b
+            .into_axis_iter_mut(Axis(1))
+            .zip(lse_b.into_outer_iter_mut());
+        for (h, (o, lse)) in heads.enumerate() {
+            let kv = shape.kv_head(h);
+            jobs.push(HeadJob {
+                q: q.slice(s![b, .., h, ..]),
+                k: k.slice(s![b, .., kv, ..]),
+                v: v.slice(s![b, .., kv, ..]),
+                o,
+                lse,
+            });
+        }
+    }
+    run_parallel(jobs, shape.head_dim, |job, tile| {
+        job.run(tile, &mask, scale_log2)
+    });
+    Ok(())
+}
+
+/// One (batch, query head): its Q rows, the K and V rows of its key/value head (`[N, d]`
+/// each) and its outputs.
+struct HeadJob<'a, T> {
+    /// Query rows `[Nq, d]`.
+    q: ArrayView2<'a, T>,
+    /// Keys `[Nk, d]`.
+    k: ArrayView2<'a, T>,
+    /// Values `[Nk, d]`.
+    v: ArrayView2<'a, T>,
+    /// Output rows `[Nq, d]`.
+    o: ArrayViewMut2<'a, T>,
+    /// Log-sum-exp per query row `[Nq]`.
+    lse: ArrayViewMut1<'a, f32>,
+}
+
+impl<T: Element> HeadJob<'_, T> {
+    /// The tiled forward pass of one head: query tiles outside, key tiles inside.
+    fn run<M: AttnMask>(mut self, tile: &mut QueryTile, mask: &M, scale_log2: f32) {
+        let (seqlen_q, seqlen_k) = (self.q.nrows(), self.k.nrows());
+        let (bm, bn) = (BLOCK_M as u32, BLOCK_N as u32);
+        for row0 in (0..seqlen_q).step_by(BLOCK_M) {
+            tile.start(self.q, row0..(row0 + BLOCK_M).min(seqlen_q));
+            let (first, end) = mask.key_tiles(row0 as u32, bm, bn);
+            for n_block in first..end {
+                let key0 = n_block as usize * BLOCK_N;
+                let keys = key0..(key0 + BLOCK_N).min(seqlen_k);
+                let needs_mask = mask.tile_needs_mask(row0 as u32, bm, n_block, bn);
+                tile.visit_keys(self.k, self.v, keys, scale_log2, needs_mask.then_some(mask));
+            }
+            tile.finish(self.o.view_mut(), self.lse.view_mut());
+        }
+    }
+}
+
+/// Runs `work` on every job, spread round-robin over the available cores; each thread owns
+/// one [`QueryTile`] of head dim `d`.
+fn run_parallel<J: Send>(jobs: Vec<J>, d: usize, work: impl Fn(J, &mut QueryTile) + Sync) {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len());
+    let new_tile = || QueryTile::new(BLOCK_M, BLOCK_N, d);
+    if threads <= 1 {
+        let mut tile = new_tile();
+        jobs.into_iter().for_each(|job| work(job, &mut tile));
+        return;
+    }
+    let mut buckets: Vec<Vec<J>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, job) in jobs.into_iter().enumerate() {
+        buckets[i % threads].push(job);
+    }
+    std::thread::scope(|scope| {
+        for bucket in buckets {
+            let work = &work;
+            scope.spawn(move || {
+                let mut tile = new_tile();
+                bucket.into_iter().for_each(|job| work(job, &mut tile));
+            });
+        }
+    });
+}

@@ -1,0 +1,198 @@
+//! Shapes of an attention call, checked once for every backend.
+//!
+//! Q is `[batch, seqlen_q, heads_q, head_dim]`, K and V are `[batch, seqlen_k, heads_kv,
+//! head_dim]`, O has Q's shape and LSE is `[batch, heads_q, seqlen_q]`. [`check_shapes`] turns
+//! the three input shapes into an [`AttnShape`] or a typed error; backend-specific limits (the
+//! GPU's head dim ≤ 256, layouts) are checked by the backends themselves.
+
+use crate::error::{FlashError, Result};
+
+/// The sizes of one attention call, validated by [`check_shapes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnShape {
+    /// Batch size `B`.
+    pub batch: usize,
+    /// Query sequence length `Nq`.
+    pub seqlen_q: usize,
+    /// Key / value sequence length `Nk`.
+    pub seqlen_k: usize,
+    /// Query heads `Hq`.
+    pub heads_q: usize,
+    /// Key / value heads `Hkv`; divides `Hq` (grouped-query attention).
+    pub heads_kv: usize,
+    /// Head dim `d` of Q, K and V.
+    pub head_dim: usize,
+}
+
+/// The largest sequence length, head count or batch size: the kernels count in `i32`.
+pub const MAX_DIM: usize = i32::MAX as usize;
+
+impl AttnShape {
+    /// Query heads that share one key/value head (`Hq / Hkv`).
+    pub fn group_size(&self) -> usize {
+        self.heads_q / self.heads_kv
+    }
+
+    /// The key/value head that query head `h` reads.
+    pub fn kv_head(&self, h: usize) -> usize {
+        h / self.group_size()
+    }
+
+    /// The shape of Q and of the output O: `[B, Nq, Hq, d]`.
+    pub fn q_dims(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
+    }
+
+    /// The shape of K and of V: `[B, Nk, Hkv, d]`.
+    pub fn kv_dims(&self) -> [usize; 4] {
+        [self.batch, self.seqlen_k, self.heads_kv, self.head_dim]
+    }
+
+    /// The shape of the log-sum-exp output: `[B, Hq, Nq]`.
+    pub fn lse_dims(&self) -> [usize; 3] {
+        [self.batch, self.heads_q, self.seqlen_q]
+    }
+
+    /// Checks the shapes of caller-provided outputs O and LSE.
+    pub fn check_outputs(&self, o: &[usize; 4], lse: &[usize; 3]) -> Result<()> {
+        if *o != self.q_dims() {
+            return Err(FlashError::Shape(format!(
+                "output O is {o:?}, expected {:?} (the shape of Q)",
+                self.q_dims()
+            )));
+        }
+        if *lse != self.lse_dims() {
+            return Err(FlashError::Shape(format!(
+                "output LSE is {lse:?}, expected {:?} ([batch, heads_q, seqlen_q])",
+                self.lse_dims()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Validates the shapes of Q, K and V and returns the sizes of the call.
+///
+/// Errors: [`FlashError::Shape`] when K and V differ, when the batch or head dim of Q and K
+/// differ, or when the batch, a sequence or the query heads are empty;
+/// [`FlashError::HeadDim`] for `d == 0`; [`FlashError::GqaRatio`] when `Hkv == 0` or
+/// `Hq % Hkv != 0`; [`FlashError::TooLarge`] for a size above [`MAX_DIM`].
+pub fn check_shapes(q: &[usize; 4], k: &[usize; 4], v: &[usize; 4]) -> Result<AttnShape> {
+    let [batch, seqlen_q, heads_q, head_dim] = *q;
+    let [batch_k, seqlen_k, heads_kv, head_dim_k] = *k;
+    if k != v {
+        return Err(FlashError::Shape(format!(
+            "K {k:?} and V {v:?} must have the same shape"
+        )));
+    }
+    if batch_k != batch {
+        return Err(FlashError::Shape(format!(
+            "Q has batch {batch}, K and V have batch {batch_k}"
+        )));
+    }
+    if head_dim_k != head_dim {
+        return Err(FlashError::Shape(format!(
+            "Q has head dim {head_dim}, K and V have head dim {head_dim_k}"
+        )));
+    }
+    if head_dim == 0 {
+        return Err(FlashError::HeadDim(0));
+    }
+    if heads_kv == 0 || heads_q % heads_kv != 0 {
+        return Err(FlashError::GqaRatio { heads_q, heads_kv });
+    }
+    if batch == 0 || seqlen_q == 0 || seqlen_k == 0 || heads_q == 0 {
+        return Err(FlashError::Shape(format!(
+            "empty batch: Q {q:?}, K {k:?} (batch, sequence lengths and heads must be ≥ 1)"
+        )));
+    }
+    let sizes = [
+        ("batch", batch),
+        ("seqlen_q", seqlen_q),
+        ("seqlen_k", seqlen_k),
+        ("heads_q", heads_q),
+    ];
+    if let Some((name, n)) = sizes.into_iter().find(|&(_, n)| n > MAX_DIM) {
+        return Err(FlashError::TooLarge(format!(
+            "{name} = {n} exceeds {MAX_DIM}"
+        )));
+    }
+    Ok(AttnShape {
+        batch,
+        seqlen_q,
+        seqlen_k,
+        heads_q,
+        heads_kv,
+        head_dim,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_gqa_and_reports_sizes() {
+        let s = check_shapes(&[2, 7, 6, 40], &[2, 13, 2, 40], &[2, 13, 2, 40]).unwrap();
+        assert_eq!(s.group_size(), 3);
+        assert_eq!(
+            (0..6).map(|h| s.kv_head(h)).collect::<Vec<_>>(),
+            [0, 0, 0, 1, 1, 1]
+        );
+        assert_eq!(s.q_dims(), [2, 7, 6, 40]);
+        assert_eq!(s.kv_dims(), [2, 13, 2, 40]);
+        assert_eq!(s.lse_dims(), [2, 6, 7]);
+        assert!(s.check_outputs(&[2, 7, 6, 40], &[2, 6, 7]).is_ok());
+        assert!(matches!(
+            s.check_outputs(&[2, 7, 6, 40], &[2, 7, 6]),
+            Err(FlashError::Shape(_))
+        ));
+    }
+
+    #[test]
+    fn rejects_each_invalid_shape_with_its_variant() {
+        let kv = [1, 4, 1, 8];
+        let shape = |q: [usize; 4], k: [usize; 4], v: [usize; 4]| check_shapes(&q, &k, &v);
+        assert!(matches!(
+            shape([1, 4, 1, 8], kv, [1, 5, 1, 8]),
+            Err(FlashError::Shape(_))
+        ));
+        assert!(matches!(
+            shape([2, 4, 1, 8], kv, kv),
+            Err(FlashError::Shape(_))
+        ));
+        assert!(matches!(
+            shape([1, 4, 1, 9], kv, kv),
+            Err(FlashError::Shape(_))
+        ));
+        assert!(matches!(
+            shape([1, 4, 1, 0], [1, 4, 1, 0], [1, 4, 1, 0]),
+            Err(FlashError::HeadDim(0))
+        ));
+        assert!(matches!(
+            shape([1, 4, 3, 8], [1, 4, 2, 8], [1, 4, 2, 8]),
+            Err(FlashError::GqaRatio { .. })
+        ));
+        assert!(matches!(
+            shape([1, 4, 1, 8], [1, 4, 0, 8], [1, 4, 0, 8]),
+            Err(FlashError::GqaRatio { .. })
+        ));
+        assert!(matches!(
+            shape([0, 4, 1, 8], [0, 4, 1, 8], [0, 4, 1, 8]),
+            Err(FlashError::Shape(_))
+        ));
+        assert!(matches!(
+            shape([1, 0, 1, 8], kv, kv),
+            Err(FlashError::Shape(_))
+        ));
+        assert!(matches!(
+            shape([1, 4, 1, 8], [1, 0, 1, 8], [1, 0, 1, 8]),
+            Err(FlashError::Shape(_))
+        ));
+        let huge = MAX_DIM + 1;
+        assert!(matches!(
+            shape([1, huge, 1, 8], kv, kv),
+            Err(FlashError::TooLarge(_))
+        ));
+    }
+}

@@ -1,0 +1,467 @@
+//! The forward kernels on the GPU against the float64 reference, with the accuracy rule of
+//! `flash_attn_tests::check_accuracy`. Outputs are poisoned with NaN before every launch.
+//!
+//! Without a CUDA device every test prints a loud SKIPPED line and passes, unless
+//! `FLASH_ATTN_REQUIRE_GPU=1` (set by the GPU bundle), which turns a missing device into a
+//! failure.
+
+use flash_attn::cpu::{attention_naive, attention_reference};
+use flash_attn::shape::AttnShape;
+use flash_attn::{
+    flash_attn, flash_attn_into, AttnParams, Device, DeviceTensor, Element, FlashError,
+};
+use flash_attn_tests::{check_accuracy, max_abs_diff, random_qkv, to_f64, Magnitude};
+use half::{bf16, f16};
+use ndarray::{Array3, Array4, ArrayView4, Ix3, Ix4};
+use proptest::prelude::*;
+use rand::SeedableRng;
+use std::sync::OnceLock;
+
+/// The shared device, or `None` (after a loud message) when there is none.
+fn device() -> Option<&'static Device> {
+    static DEV: OnceLock<Option<Device>> = OnceLock::new();
+    DEV.get_or_init(|| match Device::new(0) {
+        Ok(d) => {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "GPU tests on {} (compute capability {:?}, PTX {})",
+                d.name().unwrap_or_default(),
+                d.compute_capability(),
+                d.ptx_arch()
+            );
+            Some(d)
+        }
+        Err(e) => {
+            if std::env::var("FLASH_ATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("FLASH_ATTN_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            None
+        }
+    })
+    .as_ref()
+    .or_else(|| {
+        static REPORTED: OnceLock<()> = OnceLock::new();
+        REPORTED.get_or_init(|| {
+            // Written to the real stderr: the test harness captures `eprintln!` of passing tests.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n***** SKIPPED: the GPU tests of gpu_forward did not run: no CUDA device/driver on this machine *****\n"
+            );
+        });
+        None
+    })
+}
+
+/// How an input tensor is laid out in device memory.
+#[derive(Clone, Copy, Debug)]
+enum Layout {
+    /// `[B, N, H, d]` row-major.
+    Contiguous,
+    /// `[B, H, N, d]` in memory, viewed as `[B, N, H, d]`.
+    HeadMajor,
+    /// Rows padded by `extra` elements after `d` (as in a packed QKV buffer), plus a leading
+    /// offset of `extra` elements.
+    Padded { extra: usize },
+}
+
+/// Uploads `a` (`[B, N, H, d]`) with the given layout.
+fn upload<T: Element>(dev: &Device, a: ArrayView4<T>, layout: Layout) -> DeviceTensor<T> {
+    let [b, n, h, d] = [a.dim().0, a.dim().1, a.dim().2, a.dim().3];
+    let (mem_shape, strides, offset, data): ([usize; 4], [usize; 4], usize, Vec<T>) = match layout {
+        Layout::Contiguous => (
+            [b, n, h, d],
+            [n * h * d, h * d, d, 1],
+            0,
+            a.iter().copied().collect(),
+        ),
+        Layout::HeadMajor => {
+            let data = a.permuted_axes([0, 2, 1, 3]).iter().copied().collect();
+            ([b, h, n, d], [h * n * d, d, n * d, 1], 0, data)
+        }
+        Layout::Padded { extra } => {
+            let row = d + extra;
+            let mut data = vec![T::nan(); extra + b * n * h * row];
+            for ((ib, i, ih, id), &x) in a.indexed_iter() {
+                data[extra + ((ib * n + i) * h + ih) * row + id] = x;
+            }
+            (
+                [data.len(), 1, 1, 1],
+                [n * h * row, h * row, row, 1],
+                extra,
+                data,
+            )
+        }
+    };
+    let t = DeviceTensor::from_host(dev, &[mem_shape.iter().product()], &data).expect("upload");
+    t.with_layout(&[b, n, h, d], &strides, offset)
+        .expect("layout")
+}
+
+fn download4<T: Element>(dev: &Device, t: &DeviceTensor<T>) -> Array4<T> {
+    t.to_ndarray(dev)
+        .expect("download")
+        .into_dimensionality::<Ix4>()
+        .expect("rank 4")
+}
+
+fn download3(dev: &Device, t: &DeviceTensor<f32>) -> Array3<f32> {
+    t.to_ndarray(dev)
+        .expect("download")
+        .into_dimensionality::<Ix3>()
+        .expect("rank 3")
+}
+
+/// One case: fresh inputs, NaN-poisoned outputs, the kernel, and the accuracy rule.
+#[allow(clippy::too_many_arguments)]
+fn run_case<T: Element>(
+    dev: &Device,
+    seed: u64,
+    shape: AttnShape,
+    causal: bool,
+    softmax_scale: Option<f32>,
+    magnitude: Magnitude,
+    layout: Layout,
+) -> Result<(), String> {
+    let params = AttnParams {
+        causal,
+        softmax_scale,
+    };
+    let scale = params.scale(shape.head_dim).map_err(|e| e.to_string())?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
+    let (qd, kd, vd) = (
+        upload(dev, q.view(), layout),
+        upload(dev, k.view(), layout),
+        upload(dev, v.view(), layout),
+    );
+    let mut o = DeviceTensor::<T>::zeros(dev, &shape.q_dims()).map_err(|e| e.to_string())?;
+    let mut lse = DeviceTensor::<f32>::zeros(dev, &shape.lse_dims()).map_err(|e| e.to_string())?;
+    o.fill_nan(dev).map_err(|e| e.to_string())?;
+    lse.fill_nan(dev).map_err(|e| e.to_string())?;
+    flash_attn_into(dev, &qd, &kd, &vd, &params, &mut o, &mut lse).map_err(|e| e.to_string())?;
+    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
+    let reference = attention_reference(
+        to_f64(q.view()).view(),
+        to_f64(k.view()).view(),
+        to_f64(v.view()).view(),
+        &params,
+    )
+    .map_err(|e| e.to_string())?;
+    let naive =
+        attention_naive(q.view(), k.view(), v.view(), &params).map_err(|e| e.to_string())?;
+    if std::env::var_os("FLASH_ATTN_TEST_VERBOSE").is_some() {
+        use std::io::Write;
+        let err = |a: ndarray::ArrayView4<f64>| max_abs_diff(a, reference.0.view());
+        let _ = writeln!(
+            std::io::stderr(),
+            "{shape:?} causal={causal} {magnitude:?} {layout:?}: max|O-ref| ours {:.3e}, naive {:.3e}",
+            err(to_f64(o.view()).view()),
+            err(to_f64(naive.0.view()).view())
+        );
+    }
+    check_accuracy(
+        (o.view(), lse.view()),
+        (naive.0.view(), naive.1.view()),
+        (reference.0.view(), reference.1.view()),
+    )
+    .map_err(|e| {
+        format!("{shape:?} causal={causal} scale={softmax_scale:?} {magnitude:?} {layout:?}: {e}")
+    })
+}
+
+fn shape_strategy() -> impl Strategy<Value = AttnShape> {
+    let lens = prop::sample::select(vec![1usize, 7, 16, 31, 64, 65, 127, 128, 129, 200, 257]);
+    let heads = prop::sample::select(vec![
+        (1usize, 1usize),
+        (2, 1),
+        (4, 2),
+        (3, 3),
+        (6, 2),
+        (8, 1),
+    ]);
+    let dims = prop::sample::select(vec![
+        8usize, 16, 24, 32, 40, 64, 72, 80, 96, 100, 128, 160, 200, 256,
+    ]);
+    (1usize..=2, lens.clone(), lens, heads, dims).prop_map(
+        |(batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim)| AttnShape {
+            batch,
+            seqlen_q,
+            seqlen_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+        },
+    )
+}
+
+fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, bool, Option<f32>, Magnitude, Layout)>
+{
+    (
+        any::<u64>(),
+        shape_strategy(),
+        any::<bool>(),
+        prop::sample::select(vec![None, Some(0.3f32), Some(-0.25)]),
+        prop::sample::select(vec![Magnitude::Normal, Magnitude::Large]),
+        prop::sample::select(vec![
+            Layout::Contiguous,
+            Layout::HeadMajor,
+            Layout::Padded { extra: 8 },
+            Layout::Padded { extra: 3 },
+        ]),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn forward_f16_matches_reference((seed, shape, causal, scale, mag, layout) in case_strategy()) {
+        if let Some(dev) = device() {
+            prop_assert_eq!(run_case::<f16>(dev, seed, shape, causal, scale, mag, layout), Ok(()));
+        }
+    }
+
+    #[test]
+    fn forward_bf16_matches_reference((seed, shape, causal, scale, mag, layout) in case_strategy()) {
+        if let Some(dev) = device() {
+            prop_assert_eq!(run_case::<bf16>(dev, seed, shape, causal, scale, mag, layout), Ok(()));
+        }
+    }
+}
+
+/// Every compiled head dim and both dtypes, causal and not, at sizes that span several tiles.
+#[test]
+fn every_kernel_instantiation() {
+    let Some(dev) = device() else { return };
+    for d in [32, 64, 96, 128, 256] {
+        for causal in [false, true] {
+            let shape = AttnShape {
+                batch: 2,
+                seqlen_q: 300,
+                seqlen_k: 333,
+                heads_q: 4,
+                heads_kv: 2,
+                head_dim: d,
+            };
+            run_case::<f16>(
+                dev,
+                d as u64,
+                shape,
+                causal,
+                None,
+                Magnitude::Normal,
+                Layout::Contiguous,
+            )
+            .unwrap();
+            run_case::<bf16>(
+                dev,
+                d as u64 + 1,
+                shape,
+                causal,
+                None,
+                Magnitude::Large,
+                Layout::Contiguous,
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// Causal with more queries than keys: the first `Nq − Nk` rows see no key and must give
+/// O = 0 and LSE = −∞ exactly (never NaN).
+#[test]
+fn fully_masked_rows_are_zero_with_neg_inf_lse() {
+    let Some(dev) = device() else { return };
+    let shape = AttnShape {
+        batch: 1,
+        seqlen_q: 200,
+        seqlen_k: 37,
+        heads_q: 2,
+        heads_kv: 1,
+        head_dim: 64,
+    };
+    run_case::<f16>(
+        dev,
+        7,
+        shape,
+        true,
+        None,
+        Magnitude::Normal,
+        Layout::Contiguous,
+    )
+    .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+    let (q, k, v) = random_qkv::<f16>(&mut rng, &shape, Magnitude::Normal, 0.125);
+    let up = |a: &Array4<f16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
+    let (o, lse) = flash_attn(
+        dev,
+        &up(&q),
+        &up(&k),
+        &up(&v),
+        &AttnParams {
+            causal: true,
+            softmax_scale: None,
+        },
+    )
+    .unwrap();
+    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
+    for i in 0..shape.seqlen_q - shape.seqlen_k {
+        for h in 0..shape.heads_q {
+            assert_eq!(lse[[0, h, i]], f32::NEG_INFINITY, "row {i}");
+            assert!(
+                o.slice(ndarray::s![0, i, h, ..])
+                    .iter()
+                    .all(|x| x.to_f32() == 0.0),
+                "row {i}"
+            );
+        }
+    }
+    let first_seen = shape.seqlen_q - shape.seqlen_k;
+    assert!(lse[[0, 0, first_seen]].is_finite());
+}
+
+/// 64K keys and queries on one head: runs, stays O(N·d) in device memory (an N×N score matrix
+/// would need 16 GiB), and sampled rows meet the accuracy rule.
+#[test]
+fn long_sequence_memory_is_linear() {
+    let Some(dev) = device() else { return };
+    let n = 65_536;
+    let shape = AttnShape {
+        batch: 1,
+        seqlen_q: n,
+        seqlen_k: n,
+        heads_q: 1,
+        heads_kv: 1,
+        head_dim: 128,
+    };
+    let params = AttnParams::default();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let (q, k, v) = random_qkv::<bf16>(&mut rng, &shape, Magnitude::Normal, 1.0 / 128f32.sqrt());
+    dev.synchronize().unwrap();
+    let (free_before, _) = dev.mem_info().unwrap();
+    let up = |a: &Array4<bf16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
+    let (qd, kd, vd) = (up(&q), up(&k), up(&v));
+    let (o, lse) = flash_attn(dev, &qd, &kd, &vd, &params).unwrap();
+    dev.synchronize().unwrap();
+    let (free_after, _) = dev.mem_info().unwrap();
+    let used = free_before.saturating_sub(free_after);
+    let tensors = 4 * n * 128 * 2 + n * 4;
+    eprintln!("long_sequence_memory_is_linear: N={n} d=128: device memory in use {used} bytes for {tensors} bytes of tensors");
+    assert!(
+        used <= tensors + (64 << 20),
+        "used {used} bytes, tensors are {tensors}"
+    );
+
+    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
+    let rows: Vec<usize> = (0..32).map(|i| (i * 2039 + 17) % n).collect();
+    let pick = |a: &Array4<bf16>| a.select(ndarray::Axis(1), &rows);
+    let qs = pick(&q);
+    let reference = attention_reference(
+        to_f64(qs.view()).view(),
+        to_f64(k.view()).view(),
+        to_f64(v.view()).view(),
+        &params,
+    )
+    .unwrap();
+    let naive = attention_naive(qs.view(), k.view(), v.view(), &params).unwrap();
+    let ours_o = pick(&o);
+    let ours_lse = lse.select(ndarray::Axis(2), &rows);
+    check_accuracy(
+        (ours_o.view(), ours_lse.view()),
+        (naive.0.view(), naive.1.view()),
+        (reference.0.view(), reference.1.view()),
+    )
+    .unwrap();
+}
+
+/// Invalid inputs return typed errors before any launch.
+#[test]
+fn invalid_inputs_are_typed_errors() {
+    let Some(dev) = device() else { return };
+    let t = |shape: &[usize]| DeviceTensor::<f16>::zeros(dev, shape).unwrap();
+    let p = AttnParams::default();
+    let q = t(&[1, 16, 4, 64]);
+    let kv = t(&[1, 16, 2, 64]);
+    assert!(matches!(
+        flash_attn(dev, &q, &t(&[1, 16, 3, 64]), &t(&[1, 16, 3, 64]), &p),
+        Err(FlashError::GqaRatio { .. })
+    ));
+    assert!(matches!(
+        flash_attn(dev, &q, &kv, &t(&[1, 16, 2, 32]), &p),
+        Err(FlashError::Shape(_))
+    ));
+    assert!(matches!(
+        flash_attn(
+            dev,
+            &t(&[1, 16, 4, 300]),
+            &t(&[1, 16, 4, 300]),
+            &t(&[1, 16, 4, 300]),
+            &p
+        ),
+        Err(FlashError::HeadDim(300))
+    ));
+    assert!(matches!(
+        flash_attn(
+            dev,
+            &t(&[0, 16, 4, 64]),
+            &t(&[0, 16, 2, 64]),
+            &t(&[0, 16, 2, 64]),
+            &p
+        ),
+        Err(FlashError::Shape(_))
+    ));
+    assert!(matches!(
+        flash_attn(dev, &t(&[16, 4, 64]), &kv, &kv, &p),
+        Err(FlashError::Shape(_))
+    ));
+    let strided_last = t(&[1, 16, 2, 128])
+        .with_layout(&[1, 16, 2, 64], &[4096, 256, 128, 2], 0)
+        .unwrap();
+    assert!(matches!(
+        flash_attn(dev, &q, &strided_last, &kv, &p),
+        Err(FlashError::Layout(_))
+    ));
+    let f32_t = |shape: &[usize]| DeviceTensor::<f32>::zeros(dev, shape).unwrap();
+    assert!(matches!(
+        flash_attn(
+            dev,
+            &f32_t(&[1, 4, 1, 8]),
+            &f32_t(&[1, 4, 1, 8]),
+            &f32_t(&[1, 4, 1, 8]),
+            &p
+        ),
+        Err(FlashError::DType(_))
+    ));
+    let bad_scale = AttnParams {
+        causal: false,
+        softmax_scale: Some(f32::NAN),
+    };
+    assert!(matches!(
+        flash_attn(dev, &q, &kv, &kv, &bad_scale),
+        Err(FlashError::Param(_))
+    ));
+    let mut o_wrong = t(&[1, 16, 4, 32]);
+    let mut lse = DeviceTensor::<f32>::zeros(dev, &[1, 4, 16]).unwrap();
+    assert!(matches!(
+        flash_attn_into(dev, &q, &kv, &kv, &p, &mut o_wrong, &mut lse),
+        Err(FlashError::Shape(_))
+    ));
+    let other = Device::new(0).unwrap();
+    let foreign = DeviceTensor::<f16>::zeros(&other, &[1, 16, 2, 64]).unwrap();
+    assert!(matches!(
+        flash_attn(dev, &q, &foreign, &kv, &p),
+        Err(FlashError::DeviceMismatch(_))
+    ));
+    assert!(matches!(
+        flash_attn(
+            dev,
+            &t(&[1, 16, 70_000, 8]),
+            &t(&[1, 16, 70_000, 8]),
+            &t(&[1, 16, 70_000, 8]),
+            &p
+        ),
+        Err(FlashError::TooLarge(_))
+    ));
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""PyTorch SDPA next to flash-attn's forward benchmark, on the same device in the same run.
+
+Reads the rows written by `flash-attn-bench --out ours.json`, times
+torch.nn.functional.scaled_dot_product_attention on the same shapes with the flash, cuDNN and
+memory-efficient backends (CUDA events, median of repetitions after warm-up, inputs laid out as
+[B, N, H, d] like ours and viewed as [B, H, N, d]), and writes the merged rows plus a table.
+
+Usage: bench_torch.py ours.json merged.json [--reps N]
+"""
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+
+
+def time_ms(fn, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def tflops(row, ms):
+    flops = 4.0 * row["b"] * row["h"] * row["n"] * row["n"] * row["d"]
+    if row["causal"]:
+        flops /= 2
+    return flops / (ms * 1e-3) / 1e12
+
+
+def main():
+    src, dst = sys.argv[1], sys.argv[2]
+    reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 20
+    rows = json.load(open(src))
+    dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for row in rows:
+        b, n, h, d = row["b"], row["n"], row["h"], row["d"]
+        dt = dtypes[row["dtype"]]
+        q, k, v = (
+            (torch.rand((b, n, h, d), device="cuda", generator=gen, dtype=torch.float32) * 2 - 1)
+            .to(dt)
+            .transpose(1, 2)
+            for _ in range(3)
+        )
+        for name, backend in BACKENDS.items():
+            try:
+                with sdpa_kernel([backend]):
+                    ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"]), reps)
+                row[f"torch_{name}_ms"] = ms
+                row[f"torch_{name}_tflops"] = tflops(row, ms)
+            except Exception as e:  # a backend may not support a shape/dtype on this device
+                row[f"torch_{name}_ms"] = None
+                row[f"torch_{name}_tflops"] = None
+                row[f"torch_{name}_error"] = str(e).splitlines()[0][:200]
+        flash = row.get("torch_flash_tflops")
+        row["ratio_vs_flash"] = row["ours_tflops"] / flash if flash else None
+        row["torch_version"] = torch.__version__
+        del q, k, v
+    json.dump(rows, open(dst, "w"), indent=1)
+    hdr = f"{'dtype':<5} {'d':>4} {'n':>6} {'causal':<6} {'ours':>7} {'flash':>7} {'cudnn':>7} {'effic':>7} {'ours/flash':>10}"
+    print(hdr)
+    fmt = lambda x: f"{x:7.1f}" if x is not None else "    n/a"
+    for r in rows:
+        ratio = f"{r['ratio_vs_flash']:10.2f}" if r["ratio_vs_flash"] else "       n/a"
+        print(
+            f"{r['dtype']:<5} {r['d']:>4} {r['n']:>6} {str(r['causal']):<6} {fmt(r['ours_tflops'])}"
+            f" {fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])} {ratio}"
+        )
+
+
+if __name__ == "__main__":
+    main()

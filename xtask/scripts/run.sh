@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs flash-attn's tests or benchmark on a GPU machine that has the NVIDIA driver but no Rust.
+# Built by `cargo xtask bundle`. Usage:
+#   bash bundle/run.sh test    # every test binary; a missing GPU is a failure here
+#   bash bundle/run.sh bench   # our forward benchmark, then PyTorch SDPA on the same shapes
+# Logs and JSON go to $OUT (or bundle/out when OUT is unset).
+set -u -o pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${OUT:-$here/out}
+mkdir -p "$out"
+what=${1:-test}
+shift || true
+case "$what" in
+  test)
+    export FLASH_ATTN_REQUIRE_GPU=1
+    status=0
+    for t in "$here"/tests/*; do
+      echo "=== $(basename "$t")"
+      "$t" --test-threads=4 "$@" 2>&1 | tee -a "$out/test.log" || status=1
+    done
+    [ $status -eq 0 ] && echo "ALL TEST BINARIES PASSED" || echo "SOME TEST BINARY FAILED"
+    exit $status
+    ;;
+  bench)
+    export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%d)}
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
+    "$here/bin/flash-attn-bench" --out "$out/ours.json" "$@" || exit 1
+    python3 "$here/scripts/bench_torch.py" "$out/ours.json" "$out/bench.json" | tee "$out/bench-table.txt"
+    ;;
+  *)
+    echo "usage: run.sh test|bench [args]" >&2
+    exit 2
+    ;;
+esac
