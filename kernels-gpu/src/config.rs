@@ -7,20 +7,23 @@ pub const COMPILED_HEAD_DIMS: [usize; 5] = [32, 64, 96, 128, 256];
 /// Threads in a warp.
 pub const WARP_SIZE: usize = 32;
 
-/// Rows of a query tile that one warp owns (the M of one `mma.m16n8k16`).
-pub const ROWS_PER_WARP: usize = 16;
+/// Rows of one `mma.m16n8k16` tile (its M).
+pub const MMA_M: usize = 16;
 
 /// Tile shape of one forward instantiation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FwdTile {
     /// Compiled head dim (the padded `d`).
     pub head_dim: usize,
-    /// Query rows per thread block (BLOCK_M); `warps · 16`.
+    /// Query rows per thread block (BLOCK_M); `warps · 16 · m_tiles`.
     pub block_m: usize,
     /// Keys per K/V tile (BLOCK_N).
     pub block_n: usize,
-    /// Warps per block; each owns 16 query rows.
+    /// Warps per block; each owns `16 · m_tiles` query rows.
     pub warps: usize,
+    /// 16-row `mma` tiles per warp. Two halve the shared-memory reads of K and V per `mma`
+    /// (each B fragment feeds both), at the cost of twice the accumulator registers.
+    pub m_tiles: usize,
     /// Keep the Q fragments in registers for the whole key loop (else re-read from shared
     /// memory at every step, which saves registers for large head dims).
     pub q_in_regs: bool,
@@ -46,19 +49,21 @@ impl FwdTile {
 
 /// The tile shape used for a compiled head dim; `None` when `head_dim` is not compiled.
 pub const fn fwd_tile(head_dim: usize) -> Option<FwdTile> {
-    let (block_m, block_n, warps, q_in_regs) = match head_dim {
-        32 => (128, 128, 8, true),
-        64 => (128, 128, 8, true),
-        96 => (128, 64, 8, true),
-        128 => (128, 64, 8, true),
-        256 => (64, 16, 4, false),
+    // (warps, m_tiles, block_n, q_in_regs)
+    let (warps, m_tiles, block_n, q_in_regs) = match head_dim {
+        32 => (4, 2, 64, true),
+        64 => (4, 2, 64, true),
+        96 => (4, 2, 32, false),
+        128 => (4, 2, 32, false),
+        256 => (4, 1, 16, false),
         _ => return None,
     };
     Some(FwdTile {
         head_dim,
-        block_m,
+        block_m: warps * MMA_M * m_tiles,
         block_n,
         warps,
+        m_tiles,
         q_in_regs,
     })
 }
@@ -85,33 +90,6 @@ pub const fn tile(head_dim: usize) -> FwdTile {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_tile_is_consistent() {
-        for d in COMPILED_HEAD_DIMS {
-            let t = tile(d);
-            assert_eq!(t.block_m, t.warps * ROWS_PER_WARP);
-            assert_eq!(t.block_n % 16, 0);
-            assert_eq!(d % 16, 0);
-            // fits the smallest opt-in shared memory of the targets (sm_86/sm_89: 99 KiB)
-            assert!(t.smem_bytes() <= 99 * 1024, "d={d}: {}", t.smem_bytes());
-        }
-    }
-
-    #[test]
-    fn head_dims_round_up() {
-        assert_eq!(compiled_head_dim(0), None);
-        assert_eq!(compiled_head_dim(1), Some(32));
-        assert_eq!(compiled_head_dim(64), Some(64));
-        assert_eq!(compiled_head_dim(65), Some(96));
-        assert_eq!(compiled_head_dim(200), Some(256));
-        assert_eq!(compiled_head_dim(257), None);
-    }
-}
-
 /// Name of the forward entry point for a dtype (`bf16` or f16) and a compiled head dim.
 pub const fn fwd_kernel_name(bf16: bool, head_dim: usize) -> Option<&'static str> {
     Some(match (bf16, head_dim) {
@@ -131,3 +109,30 @@ pub const fn fwd_kernel_name(bf16: bool, head_dim: usize) -> Option<&'static str
 
 /// Name of the strided ⇄ packed layout kernel.
 pub const PAD_KERNEL_NAME: &str = "pad_copy_b16";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tile_is_consistent() {
+        for d in COMPILED_HEAD_DIMS {
+            let t = tile(d);
+            assert_eq!(t.block_m, t.warps * MMA_M * t.m_tiles);
+            assert_eq!(t.block_n % 16, 0);
+            assert_eq!(d % 16, 0);
+            // fits the smallest opt-in shared memory of the targets (sm_86/sm_89: 99 KiB)
+            assert!(t.smem_bytes() <= 99 * 1024, "d={d}: {}", t.smem_bytes());
+        }
+    }
+
+    #[test]
+    fn head_dims_round_up() {
+        assert_eq!(compiled_head_dim(0), None);
+        assert_eq!(compiled_head_dim(1), Some(32));
+        assert_eq!(compiled_head_dim(64), Some(64));
+        assert_eq!(compiled_head_dim(65), Some(96));
+        assert_eq!(compiled_head_dim(200), Some(256));
+        assert_eq!(compiled_head_dim(257), None);
+    }
+}

@@ -23,6 +23,7 @@ macro_rules! fwd_entries {
                 { T.block_m },
                 { T.block_n },
                 { T.warps },
+                { T.m_tiles },
                 { T.q_in_regs },
                 { $d / 16 },
                 { $d / 8 },

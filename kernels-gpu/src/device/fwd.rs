@@ -3,7 +3,7 @@
 //! One block computes `O[row0 .. row0 + BM]` for one (head, batch):
 //!
 //! ```text
-//! load Q tile                                  global → shared (cp.async) → registers (ldmatrix)
+//! load Q tile                                  global → shared (cp.async) [→ registers]
 //! m = −∞, l = 0, O = 0                         registers
 //! for each visible K/V tile j, last to first:  (masked tiles come first)
 //!     prefetch tile j−1 into the other buffer  cp.async, overlaps this step
@@ -16,11 +16,13 @@
 //! O /= l;  LSE = (m + log2 l)·ln 2             one write of O and LSE per row
 //! ```
 //!
-//! Tile shape: `BM = 16·WARPS` query rows per block, each warp owning 16 rows; `BN` keys per
-//! K/V tile; `D` is the compiled head dim. Shared memory (dynamic, see
+//! Tile shape: `BM = 16·MT·WARPS` query rows per block; each warp owns `MT` tiles of 16 rows
+//! (every K/V fragment loaded from shared memory feeds `MT` mmas); `BN` keys per K/V tile;
+//! `D` is the compiled head dim. Shared memory (dynamic, see
 //! [`crate::config::FwdTile::smem_bytes`]): Q `[BM][PITCH]`, then two buffers of K `[BN][PITCH]`
-//! and V `[BN][PITCH]`, all swizzled. Registers per thread: O `D/8 × 4` f32, S `BN/8 × 4` f32,
-//! Q fragments `D/16 × 4` u32 (when `Q_IN_REGS`), m and l for two rows.
+//! and V `[BN][PITCH]`, all swizzled. Registers per thread: O `MT × D/8 × 4` f32, S
+//! `MT × BN/8 × 4` f32, Q fragments `MT × D/16 × 4` u32 (only when `Q_IN_REGS`; else re-read
+//! with `ldmatrix` at every step), m and l for `2·MT` rows.
 //! Sync points: one `bar.sync` per K/V tile (after its `cp.async` group completes; it also
 //! frees the buffer the prefetch then overwrites).
 
@@ -33,28 +35,36 @@ use crate::params::FwdParams;
 /// `ln 2`: converts the base-2 LSE kept by the kernel to the natural log of the API.
 const LN_2: f32 = core::f32::consts::LN_2;
 
-/// The online-softmax state of the two rows a thread holds (rows `g` and `g + 8` of its warp's
-/// 16), and the thread's slice of their output accumulator.
-struct RowState<const D_TILES: usize> {
+/// The online-softmax state of the `2·MT` rows a thread holds (rows `g` and `g + 8` of each of
+/// its warp's m-tiles), and the thread's slice of their output accumulator.
+struct RowState<const MT: usize, const D_TILES: usize> {
     /// Running maximum of the scaled scores, base 2 (quad-uniform).
-    m: [f32; 2],
+    m: [[f32; 2]; MT],
     /// Running sum of `2^(s − m)` over this thread's columns only (summed over the quad at the
     /// end).
-    l: [f32; 2],
-    /// Output accumulator, 16 × D per warp: `D/8` tiles of 16 × 8.
-    o: [[f32; 4]; D_TILES],
+    l: [[f32; 2]; MT],
+    /// Output accumulator: per m-tile, `D/8` tiles of 16 × 8.
+    o: [[[f32; 4]; D_TILES]; MT],
+}
+
+/// The shared-memory tiles one step reads.
+#[derive(Clone, Copy)]
+struct StepTiles<const BM: usize, const BN: usize, const PITCH: usize> {
+    q: SmemTile<BM, PITCH>,
+    k: SmemTile<BN, PITCH>,
+    v: SmemTile<BN, PITCH>,
 }
 
 /// The forward kernel body; see the module docs. Const parameters: `D` compiled head dim,
-/// `PITCH` shared row length, `BM`/`BN` tile rows/keys, `WARPS`, `Q_IN_REGS`, and the derived
-/// counts `K_STEPS = D/16`, `D_TILES = D/8`, `N_TILES = BN/8` (stable Rust cannot compute array
-/// lengths from const parameters, so the entry macro passes them and this checks them).
+/// `PITCH` shared row length, `BM`/`BN` tile rows/keys, `WARPS`, `MT` m-tiles per warp,
+/// `Q_IN_REGS`, and the derived counts `K_STEPS = D/16`, `D_TILES = D/8`, `N_TILES = BN/8`
+/// (stable Rust cannot compute array lengths from const parameters, so the entry macro passes
+/// them and this checks them).
 ///
 /// # Safety
 /// Launched with grid `(ceil(seqlen_q / BM), heads_q, batch)`, `32·WARPS` threads and
 /// `FwdTile::smem_bytes()` bytes of dynamic shared memory, on parameters the host validated.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub unsafe fn flash_fwd<
     E: Elem,
     const D: usize,
@@ -62,6 +72,7 @@ pub unsafe fn flash_fwd<
     const BM: usize,
     const BN: usize,
     const WARPS: usize,
+    const MT: usize,
     const Q_IN_REGS: bool,
     const K_STEPS: usize,
     const D_TILES: usize,
@@ -71,7 +82,7 @@ pub unsafe fn flash_fwd<
 ) {
     const {
         assert!(K_STEPS * 16 == D && D_TILES * 8 == D && N_TILES * 8 == BN);
-        assert!(BM == WARPS * 16 && BN % 16 == 0 && D % 16 == 0 && PITCH >= D);
+        assert!(BM == WARPS * 16 * MT && BN % 16 == 0 && D % 16 == 0 && PITCH >= D);
     };
     let tid = ptx::tid_x();
     let warp = tid / 32;
@@ -92,17 +103,22 @@ pub unsafe fn flash_fwd<
     };
     let row0 = m_block * BM as u32;
     let kv_head = head / (p.heads_q / p.heads_kv);
-    let warp_row0 = row0 + warp * 16;
-    let rows = [warp_row0 + pos.row(0), warp_row0 + pos.row(2)];
+    // First row (within the block) of this warp's m-tiles.
+    let warp_m0 = warp as usize * 16 * MT;
+    let mut rows = [[0u32; 2]; MT];
+    for (mt, r) in rows.iter_mut().enumerate() {
+        let base = row0 + (warp_m0 + 16 * mt) as u32;
+        *r = [base + pos.row(0), base + pos.row(2)];
+    }
 
     let q = (p.q as *const u16).add(p.q_strides.offset(batch, row0, head) as usize);
     let k = (p.k as *const u16).add(p.k_strides.offset(batch, 0, kv_head) as usize);
     let v = (p.v as *const u16).add(p.v_strides.offset(batch, 0, kv_head) as usize);
 
-    let mut st = RowState::<D_TILES> {
-        m: [f32::NEG_INFINITY; 2],
-        l: [0.0; 2],
-        o: [[0.0; 4]; D_TILES],
+    let mut st = RowState::<MT, D_TILES> {
+        m: [[f32::NEG_INFINITY; 2]; MT],
+        l: [[0.0; 2]; MT],
+        o: [[[0.0; 4]; D_TILES]; MT],
     };
 
     let (n_start, n_end) = mask.key_tiles(row0, BM as u32, BN as u32);
@@ -111,22 +127,26 @@ pub unsafe fn flash_fwd<
         let q_tile = SmemTile::<BM, PITCH>::at(base);
         let kv_base = base + SmemTile::<BM, PITCH>::BYTES;
         let kv_bytes = SmemTile::<BN, PITCH>::BYTES;
-        let k_tile = |buf: u32| SmemTile::<BN, PITCH>::at(kv_base + 2 * buf * kv_bytes);
-        let v_tile = |buf: u32| SmemTile::<BN, PITCH>::at(kv_base + (2 * buf + 1) * kv_bytes);
+        let tiles = |buf: u32| StepTiles {
+            q: q_tile,
+            k: SmemTile::<BN, PITCH>::at(kv_base + 2 * buf * kv_bytes),
+            v: SmemTile::<BN, PITCH>::at(kv_base + (2 * buf + 1) * kv_bytes),
+        };
         let load_kv = |n: u32, buf: u32| {
             let key0 = n * BN as u32;
             let valid = p.seqlen_k - key0;
+            let t = tiles(buf);
             let k_src = k.add(key0 as usize * p.k_strides.row as usize);
             let v_src = v.add(key0 as usize * p.v_strides.row as usize);
-            k_tile(buf).load_async::<D, WARPS>(k_src, p.k_strides.row, valid, p.head_dim, tid);
-            v_tile(buf).load_async::<D, WARPS>(v_src, p.v_strides.row, valid, p.head_dim, tid);
+            t.k.load_async::<D, WARPS>(k_src, p.k_strides.row, valid, p.head_dim, tid);
+            t.v.load_async::<D, WARPS>(v_src, p.v_strides.row, valid, p.head_dim, tid);
         };
 
         q_tile.load_async::<D, WARPS>(q, p.q_strides.row, p.seqlen_q - row0, p.head_dim, tid);
         load_kv(n_end - 1, 0);
         ptx::cp_async_commit_group();
 
-        let mut q_frag = [[0u32; 4]; K_STEPS];
+        let mut q_frag = [[[0u32; 4]; K_STEPS]; MT];
         let mut buf = 0;
         let mut n = n_end;
         while n > n_start {
@@ -134,152 +154,135 @@ pub unsafe fn flash_fwd<
             ptx::cp_async_wait_group::<0>();
             ptx::bar_sync();
             if Q_IN_REGS && n + 1 == n_end {
-                for (ks, frag) in q_frag.iter_mut().enumerate() {
-                    *frag = q_tile.load_a(warp as usize * 16, ks, lane);
+                for (mt, frags) in q_frag.iter_mut().enumerate() {
+                    for (ks, frag) in frags.iter_mut().enumerate() {
+                        *frag = q_tile.load_a(warp_m0 + 16 * mt, ks, lane);
+                    }
                 }
             }
             if n > n_start {
                 load_kv(n - 1, buf ^ 1);
                 ptx::cp_async_commit_group();
             }
-            let tiles = (q_tile, k_tile(buf), v_tile(buf));
+            let step = Step { tiles: tiles(buf), mask: &mask, scale_log2: p.scale_log2, warp_m0, lane, rows, n };
             if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
-                attend_tile::<E, true, D, PITCH, BM, BN, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(
-                    &mut st,
-                    &q_frag,
-                    tiles,
-                    &mask,
-                    p.scale_log2,
-                    warp,
-                    lane,
-                    rows,
-                    n,
-                );
+                step.attend::<E, true, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(&mut st, &q_frag);
             } else {
-                attend_tile::<E, false, D, PITCH, BM, BN, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(
-                    &mut st,
-                    &q_frag,
-                    tiles,
-                    &mask,
-                    p.scale_log2,
-                    warp,
-                    lane,
-                    rows,
-                    n,
-                );
+                step.attend::<E, false, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(&mut st, &q_frag);
             }
             buf ^= 1;
         }
     }
-    store_output::<E, D_TILES>(p, &mut st, batch, head, rows, pos);
+    store_output::<E, MT, D_TILES>(p, &mut st, batch, head, rows, pos);
 }
 
-/// One step of the key loop for key tile `n`: `S = Q·Kᵀ`, optional masking, the online-softmax
-/// update, and `O += P·V`. `MASKED` selects the element-wise mask for diagonal and tail tiles;
-/// interior tiles skip it.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_tile<
-    E: Elem,
-    const MASKED: bool,
-    const D: usize,
-    const PITCH: usize,
-    const BM: usize,
-    const BN: usize,
-    const Q_IN_REGS: bool,
-    const K_STEPS: usize,
-    const D_TILES: usize,
-    const N_TILES: usize,
->(
-    st: &mut RowState<D_TILES>,
-    q_frag: &[[u32; 4]; K_STEPS],
-    (q_tile, k_tile, v_tile): (
-        SmemTile<BM, PITCH>,
-        SmemTile<BN, PITCH>,
-        SmemTile<BN, PITCH>,
-    ),
-    mask: &CausalMask,
+/// One step of the key loop: the tiles to read and where this thread's rows and keys are.
+struct Step<'a, const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> {
+    tiles: StepTiles<BM, BN, PITCH>,
+    mask: &'a CausalMask,
     scale_log2: f32,
-    warp: u32,
+    /// First row of this warp's m-tiles within the block.
+    warp_m0: usize,
     lane: u32,
-    rows: [u32; 2],
+    /// Global query rows of the thread's accumulator rows, per m-tile.
+    rows: [[u32; 2]; MT],
+    /// Key tile index.
     n: u32,
-) {
-    let lane = ptx::opaque_u32(lane);
-    let pos = FragPos::of(lane);
+}
 
-    // S = Q·Kᵀ: 16 × BN per warp.
-    let mut s = [[0.0f32; 4]; N_TILES];
-    for ks in 0..K_STEPS {
-        let a = if Q_IN_REGS {
-            q_frag[ks]
-        } else {
-            q_tile.load_a(warp as usize * 16, ks, lane)
-        };
-        for np in 0..N_TILES / 2 {
-            let b = k_tile.load_b_pair_nk(np * 16, ks, lane);
-            E::mma(&mut s[2 * np], a, b[0]);
-            E::mma(&mut s[2 * np + 1], a, b[1]);
-        }
-    }
+impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step<'_, BM, BN, PITCH, MT> {
+    /// `S = Q·Kᵀ`, optional masking, the online-softmax update, and `O += P·V` for key tile
+    /// `n`. `MASKED` selects the element-wise mask for diagonal and tail tiles; interior tiles
+    /// skip it.
+    #[inline(always)]
+    unsafe fn attend<
+        E: Elem,
+        const MASKED: bool,
+        const Q_IN_REGS: bool,
+        const K_STEPS: usize,
+        const D_TILES: usize,
+        const N_TILES: usize,
+    >(
+        &self,
+        st: &mut RowState<MT, D_TILES>,
+        q_frag: &[[[u32; 4]; K_STEPS]; MT],
+    ) {
+        let lane = ptx::opaque_u32(self.lane);
+        let pos = FragPos::of(lane);
+        let t = self.tiles;
 
-    // Scale into base 2, mask, and take the row maxima.
-    let key0 = n * BN as u32;
-    let mut row_max = st.m;
-    for (nt, tile) in s.iter_mut().enumerate() {
-        for (e, x) in tile.iter_mut().enumerate() {
-            *x *= scale_log2;
-            if MASKED && !mask.visible(rows[e >> 1], key0 + nt as u32 * 8 + pos.col(e)) {
-                *x = f32::NEG_INFINITY;
+        // S = Q·Kᵀ: MT × 16 × BN per warp.
+        let mut s = [[[0.0f32; 4]; N_TILES]; MT];
+        for ks in 0..K_STEPS {
+            let mut a = [[0u32; 4]; MT];
+            for (mt, a) in a.iter_mut().enumerate() {
+                *a = if Q_IN_REGS { q_frag[mt][ks] } else { t.q.load_a(self.warp_m0 + 16 * mt, ks, lane) };
             }
-            row_max[e >> 1] = row_max[e >> 1].max(*x);
+            for np in 0..N_TILES / 2 {
+                let b = t.k.load_b_pair_nk(np * 16, ks, lane);
+                for mt in 0..MT {
+                    E::mma(&mut s[mt][2 * np], a[mt], b[0]);
+                    E::mma(&mut s[mt][2 * np + 1], a[mt], b[1]);
+                }
+            }
         }
-    }
-    let mut rescale = [0.0f32; 2];
-    let mut shift = [0.0f32; 2];
-    for r in 0..2 {
-        let m_new = quad_max(row_max[r]);
-        // A row that has seen only masked keys keeps m = −∞; subtracting 0 instead keeps
-        // 2^(−∞ − shift) = 0 rather than NaN.
-        shift[r] = if m_new == f32::NEG_INFINITY {
-            0.0
-        } else {
-            m_new
-        };
-        rescale[r] = ptx::ex2_approx_ftz(st.m[r] - shift[r]);
-        st.m[r] = m_new;
-    }
 
-    // P = 2^(S − m), row sums, and the rescale of the running state.
-    let mut row_sum = [0.0f32; 2];
-    for tile in s.iter_mut() {
-        for (e, x) in tile.iter_mut().enumerate() {
-            *x = ptx::ex2_approx_ftz(*x - shift[e >> 1]);
-            row_sum[e >> 1] += *x;
-        }
-    }
-    for r in 0..2 {
-        st.l[r] = st.l[r] * rescale[r] + row_sum[r];
-    }
-    for tile in st.o.iter_mut() {
-        for (e, x) in tile.iter_mut().enumerate() {
-            *x *= rescale[e >> 1];
-        }
-    }
+        let key0 = self.n * BN as u32;
+        for mt in 0..MT {
+            // Scale into base 2, mask, and take the row maxima.
+            let mut row_max = st.m[mt];
+            for (nt, tile) in s[mt].iter_mut().enumerate() {
+                for (e, x) in tile.iter_mut().enumerate() {
+                    *x *= self.scale_log2;
+                    if MASKED && !self.mask.visible(self.rows[mt][e >> 1], key0 + nt as u32 * 8 + pos.col(e)) {
+                        *x = f32::NEG_INFINITY;
+                    }
+                    row_max[e >> 1] = row_max[e >> 1].max(*x);
+                }
+            }
+            let mut rescale = [0.0f32; 2];
+            let mut shift = [0.0f32; 2];
+            for r in 0..2 {
+                let m_new = quad_max(row_max[r]);
+                // A row that has seen only masked keys keeps m = −∞; subtracting 0 instead keeps
+                // 2^(−∞ − shift) = 0 rather than NaN.
+                shift[r] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                rescale[r] = ptx::ex2_approx_ftz(st.m[mt][r] - shift[r]);
+                st.m[mt][r] = m_new;
+            }
 
-    // O += P·V. Two adjacent 16×8 accumulator tiles of S are exactly one 16×16 A fragment.
-    for kk in 0..N_TILES / 2 {
-        let (s0, s1) = (&s[2 * kk], &s[2 * kk + 1]);
-        let a = [
-            E::pack(s0[0], s0[1]),
-            E::pack(s0[2], s0[3]),
-            E::pack(s1[0], s1[1]),
-            E::pack(s1[2], s1[3]),
-        ];
-        for dp in 0..D_TILES / 2 {
-            let b = v_tile.load_b_pair_kn(kk * 16, 2 * dp, lane);
-            E::mma(&mut st.o[2 * dp], a, b[0]);
-            E::mma(&mut st.o[2 * dp + 1], a, b[1]);
+            // P = 2^(S − m), row sums, and the rescale of the running state.
+            let mut row_sum = [0.0f32; 2];
+            for tile in s[mt].iter_mut() {
+                for (e, x) in tile.iter_mut().enumerate() {
+                    *x = ptx::ex2_approx_ftz(*x - shift[e >> 1]);
+                    row_sum[e >> 1] += *x;
+                }
+            }
+            for r in 0..2 {
+                st.l[mt][r] = st.l[mt][r] * rescale[r] + row_sum[r];
+            }
+            for tile in st.o[mt].iter_mut() {
+                for (e, x) in tile.iter_mut().enumerate() {
+                    *x *= rescale[e >> 1];
+                }
+            }
+        }
+
+        // O += P·V. Two adjacent 16×8 accumulator tiles of S are exactly one 16×16 A fragment.
+        for kk in 0..N_TILES / 2 {
+            let mut a = [[0u32; 4]; MT];
+            for (mt, a) in a.iter_mut().enumerate() {
+                let (s0, s1) = (&s[mt][2 * kk], &s[mt][2 * kk + 1]);
+                *a = [E::pack(s0[0], s0[1]), E::pack(s0[2], s0[3]), E::pack(s1[0], s1[1]), E::pack(s1[2], s1[3])];
+            }
+            for dp in 0..D_TILES / 2 {
+                let b = t.v.load_b_pair_kn(kk * 16, 2 * dp, lane);
+                for mt in 0..MT {
+                    E::mma(&mut st.o[mt][2 * dp], a[mt], b[0]);
+                    E::mma(&mut st.o[mt][2 * dp + 1], a[mt], b[1]);
+                }
+            }
         }
     }
 }
@@ -287,40 +290,38 @@ unsafe fn attend_tile<
 /// Normalises O by the row sums and writes O (16-bit, 4 bytes per store) and LSE (natural log).
 /// A row that saw no key has l = 0: it gets O = 0 and LSE = −∞.
 #[inline(always)]
-unsafe fn store_output<E: Elem, const D_TILES: usize>(
+unsafe fn store_output<E: Elem, const MT: usize, const D_TILES: usize>(
     p: &FwdParams,
-    st: &mut RowState<D_TILES>,
+    st: &mut RowState<MT, D_TILES>,
     batch: u32,
     head: u32,
-    rows: [u32; 2],
+    rows: [[u32; 2]; MT],
     pos: FragPos,
 ) {
-    let mut inv = [0.0f32; 2];
-    let mut lse = [f32::NEG_INFINITY; 2];
-    for r in 0..2 {
-        let l = quad_sum(st.l[r]);
-        if l > 0.0 {
-            inv[r] = 1.0 / l;
-            lse[r] = (st.m[r] + ptx::lg2_approx_ftz(l)) * LN_2;
-        }
-    }
-    for r in 0..2 {
-        let row = rows[r];
-        if row >= p.seqlen_q {
-            continue;
-        }
-        let o = (p.o as *mut u16).add(p.o_strides.offset(batch, row, head) as usize);
-        for (dt, tile) in st.o.iter().enumerate() {
-            let col = dt as u32 * 8 + pos.col(2 * r);
-            if col < p.head_dim {
-                let packed = E::pack(tile[2 * r] * inv[r], tile[2 * r + 1] * inv[r]);
-                *(o.add(col as usize) as *mut u32) = packed;
+    for mt in 0..MT {
+        for r in 0..2 {
+            let l = quad_sum(st.l[mt][r]);
+            let (inv, lse) = if l > 0.0 {
+                (1.0 / l, (st.m[mt][r] + ptx::lg2_approx_ftz(l)) * LN_2)
+            } else {
+                (0.0, f32::NEG_INFINITY)
+            };
+            let row = rows[mt][r];
+            if row >= p.seqlen_q {
+                continue;
             }
-        }
-        if pos.t == 0 {
-            let at =
-                batch as u64 * p.lse_batch_stride + head as u64 * p.lse_head_stride + row as u64;
-            *(p.lse as *mut f32).add(at as usize) = lse[r];
+            let o = (p.o as *mut u16).add(p.o_strides.offset(batch, row, head) as usize);
+            for (dt, tile) in st.o[mt].iter().enumerate() {
+                let col = dt as u32 * 8 + pos.col(2 * r);
+                if col < p.head_dim {
+                    let packed = E::pack(tile[2 * r] * inv, tile[2 * r + 1] * inv);
+                    *(o.add(col as usize) as *mut u32) = packed;
+                }
+            }
+            if pos.t == 0 {
+                let at = batch as u64 * p.lse_batch_stride + head as u64 * p.lse_head_stride + row as u64;
+                *(p.lse as *mut f32).add(at as usize) = lse;
+            }
         }
     }
 }
