@@ -14,7 +14,7 @@ fn main() -> flash_attn::Result<()> {
         .map(|i| f16::from_f32((i % 7) as f32 * 0.1))
         .collect();
     let kv: Vec<f16> = (0..b * n * h_kv * d)
-        .map(|i| f16::from_f32((i % 5) as f32 * 0.1))
+        .map(|i| f16::from_f32(((i % 5) as f32 - 2.0) * 0.1))
         .collect();
     let params = AttnParams {
         causal: true,

@@ -27,9 +27,37 @@ pub const fn chunk_offset(pitch: usize, row: usize, chunk: usize) -> usize {
     row * pitch * 2 + phys * CHUNK_BYTES
 }
 
+/// The same offset as [`chunk_offset`] for row `row0 + lane_row` (with `row0 % 8 == 0`) and
+/// chunk `2·c2 + parity`, split into a per-lane part that holds the swizzle (one of four values,
+/// picked by `c2 % 4`, which kernels compute once) and a part known at compile time. Kernels
+/// add the two at each `ldmatrix`, which the assembler folds into the instruction's immediate.
+#[inline(always)]
+pub const fn split_offset(pitch: usize, lane_row: usize, parity: usize, row0: usize, c2: usize) -> (usize, usize) {
+    let lane_part = chunk_offset(pitch, lane_row, 2 * (c2 % 4) + parity);
+    let const_part = row0 * pitch * 2 + (c2 / 4) * 8 * CHUNK_BYTES;
+    (lane_part, const_part)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_offset_matches_chunk_offset() {
+        for pitch in [32usize, 64, 128, 256] {
+            let chunk_pairs = pitch * 2 / CHUNK_BYTES / 2;
+            for lane_row in 0..16 {
+                for parity in 0..2 {
+                    for row0 in (0..64).step_by(8) {
+                        for c2 in 0..chunk_pairs {
+                            let (a, b) = split_offset(pitch, lane_row, parity, row0, c2);
+                            assert_eq!(a + b, chunk_offset(pitch, row0 + lane_row, 2 * c2 + parity));
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// The 8 chunks an `ldmatrix` reads (same logical chunk, 8 consecutive rows) must start in 8
     /// different 16-byte bank groups, and the swizzle must be a permutation within each row.

@@ -291,7 +291,10 @@ fn parse_rows(text: &str) -> Result<Vec<Row>, String> {
 }
 
 fn first_nonempty<'a>(rows: &'a [Row], key: impl Fn(&'a Row) -> &'a String) -> Option<&'a str> {
-    rows.iter().map(key).find(|s| !s.is_empty()).map(String::as_str)
+    rows.iter()
+        .map(key)
+        .find(|s| !s.is_empty())
+        .map(String::as_str)
 }
 
 /// Sort key for element types: f16 first, then bf16, then the rest by name.
@@ -421,21 +424,24 @@ pub fn report() -> Result<(), String> {
     };
     let doc = replace_section(&doc, &render_section(&runs))
         .map_err(|e| format!("{}: {e}", md_path.display()))?;
-    write_if_changed(&md_path, &doc)?;
+    let changed = write_if_changed(&md_path, &doc)?;
     println!(
-        "bench-report: {} result file(s), {} plot(s), {} updated",
+        "bench-report: {} result file(s), {} plot(s), {} {}",
         runs.len(),
         svgs.len(),
-        md_path.display()
+        md_path.display(),
+        if changed { "updated" } else { "up to date" }
     );
     Ok(())
 }
 
-fn write_if_changed(path: &Path, text: &str) -> Result<(), String> {
+/// Writes `text` unless the file already holds it; whether it wrote.
+fn write_if_changed(path: &Path, text: &str) -> Result<bool, String> {
     if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
-        return Ok(());
+        return Ok(false);
     }
-    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(true)
 }
 
 /// `doc` with the text between the markers replaced by `body` (markers appended if absent).
@@ -520,12 +526,22 @@ fn render_section(runs: &[RunFile]) -> String {
         let rows = &run.rows;
         let or_na = |v: Option<&str>| v.unwrap_or("n/a").to_string();
         let date = run.date();
-        let _ = writeln!(
+        let _ = write!(
             s,
-            "\n### {} — {}\n",
+            "\n### {} — {}",
             run.device(),
             if date.is_empty() { "undated" } else { date }
         );
+        // Several files of one device and day: name the file in the heading.
+        if runs
+            .iter()
+            .filter(|o| o.device() == run.device() && o.date() == date)
+            .count()
+            > 1
+        {
+            let _ = write!(s, " — `{}`", run.stem);
+        }
+        s.push_str("\n\n");
         let _ = writeln!(s, "- Device: {}", run.device());
         if let Some(driver) = first_nonempty(rows, |r| &r.driver) {
             let _ = writeln!(s, "- Driver: {driver}");
@@ -539,11 +555,7 @@ fn render_section(runs: &[RunFile]) -> String {
         if let Some(arch) = first_nonempty(rows, |r| &r.ptx_arch) {
             let _ = writeln!(s, "- Our PTX: `{arch}`");
         }
-        let _ = writeln!(
-            s,
-            "- Rows: [`bench/{0}.json`](bench/{0}.json)",
-            run.stem
-        );
+        let _ = writeln!(s, "- Rows: [`bench/{0}.json`](bench/{0}.json)", run.stem);
         let _ = writeln!(
             s,
             "- Ours / PyTorch flash: {}",
@@ -591,7 +603,7 @@ const PAD_T: f64 = 30.0;
 const PAD_B: f64 = 44.0;
 const CELL_W: f64 = PAD_L + PLOT_W + PAD_R;
 const CELL_H: f64 = PAD_T + PLOT_H + PAD_B;
-const HEAD: f64 = 96.0;
+const HEAD: f64 = 116.0;
 const MARGIN: f64 = 12.0;
 /// Space between the frame and the first / last sequence length.
 const X_INSET: f64 = 12.0;
@@ -620,7 +632,7 @@ fn nice_axis(max: f64) -> (f64, f64) {
 
 /// 512 → "512", 16384 → "16K".
 fn n_label(n: u64) -> String {
-    if n >= 1024 && n % 1024 == 0 {
+    if n >= 1024 && n.is_multiple_of(1024) {
         format!("{}K", n / 1024)
     } else {
         n.to_string()
@@ -669,15 +681,23 @@ fn render_svg(run: &RunFile) -> Option<String> {
 <title>Forward attention TFLOP/s vs sequence length, {device}, {date}</title>
 <rect width="100%" height="100%" fill="#ffffff"/>"##
     );
+    // The title shrinks to fit a long device name (about 0.62 em per bold character).
+    let title = format!("Forward attention — {device} — {date}");
+    let title_px = (0.92 * width / (0.62 * title.chars().count() as f64)).clamp(11.0, 18.0);
     let _ = writeln!(
         s,
-        r##"<text x="{:.1}" y="28" text-anchor="middle" font-size="18" font-weight="bold" fill="#222">Forward TFLOP/s vs sequence length — {device}, {date}</text>"##,
+        r##"<text x="{:.1}" y="28" text-anchor="middle" font-size="{title_px:.1}" font-weight="bold" fill="#222">{title}</text>"##,
         width / 2.0
     );
-    let mut sub = String::from("B·N = 16K tokens · H·d = 2048 · ");
+    let _ = writeln!(
+        s,
+        r##"<text x="{:.1}" y="49" text-anchor="middle" font-size="13" fill="#444">TFLOP/s vs sequence length N · B·N = 16K tokens · H·d = 2048</text>"##,
+        width / 2.0
+    );
+    let mut sub = String::new();
     match first_nonempty(&run.rows, |r| &r.torch_version) {
         Some(v) => {
-            let _ = write!(sub, "PyTorch {} SDPA", xml_escape(v));
+            let _ = write!(sub, "PyTorch {} SDPA backends", xml_escape(v));
         }
         None => sub.push_str("PyTorch not measured"),
     }
@@ -686,7 +706,7 @@ fn render_svg(run: &RunFile) -> Option<String> {
     }
     let _ = writeln!(
         s,
-        r##"<text x="{:.1}" y="50" text-anchor="middle" font-size="13" fill="#555">{sub}</text>"##,
+        r##"<text x="{:.1}" y="67" text-anchor="middle" font-size="12" fill="#666">{sub}</text>"##,
         width / 2.0
     );
 
@@ -697,7 +717,7 @@ fn render_svg(run: &RunFile) -> Option<String> {
     for ser in &shown {
         let _ = writeln!(
             s,
-            r##"<line x1="{:.1}" y1="76" x2="{:.1}" y2="76" stroke="{}" stroke-width="{}"/><circle cx="{:.1}" cy="76" r="3.5" fill="{}"/><text x="{:.1}" y="80.5" font-size="13" fill="#222">{}</text>"##,
+            r##"<line x1="{:.1}" y1="94" x2="{:.1}" y2="94" stroke="{}" stroke-width="{}"/><circle cx="{:.1}" cy="94" r="3.5" fill="{}"/><text x="{:.1}" y="98.5" font-size="13" fill="#222">{}</text>"##,
             x,
             x + 28.0,
             ser.color,
@@ -773,7 +793,9 @@ fn render_svg(run: &RunFile) -> Option<String> {
             // Vertical grid at powers of two and x tick labels.
             let first = l_min.ceil() as u32;
             let last = l_max.floor() as u32;
-            let every = ((last.saturating_sub(first) + 1) as usize).div_ceil(8).max(1);
+            let every = ((last.saturating_sub(first) + 1) as usize)
+                .div_ceil(8)
+                .max(1);
             for (i, p) in (first..=last).enumerate() {
                 let n = 1u64 << p;
                 let x = px(n);
@@ -859,7 +881,11 @@ mod tests {
             efficient: t(125.0),
             device: "NVIDIA H100 80GB HBM3".into(),
             date: "2026-11-22".into(),
-            torch_version: if torch { "2.11.0".into() } else { String::new() },
+            torch_version: if torch {
+                "2.11.0".into()
+            } else {
+                String::new()
+            },
             ..Row::default()
         }
     }
@@ -942,6 +968,16 @@ mod tests {
         assert!(s.contains("](bench/fwd-2026-11-22-nvidia-h100.svg)"));
         assert!(!s.contains("Driver"));
         assert!(!s.contains(BEGIN) && !s.contains(END));
+
+        // Two files of one device and day: the headings name the files.
+        let mut other = run_of(vec![row("f16", 64, 512, false, false)]);
+        other.stem = "2026-11-22-nvidia-h100-b".into();
+        let s = render_section(&[other, run_of(vec![row("f16", 64, 512, false, true)])]);
+        let a = s.find("— 2026-11-22 — `2026-11-22-nvidia-h100-b`").unwrap();
+        let b = s.find("— 2026-11-22 — `2026-11-22-nvidia-h100`\n").unwrap();
+        assert!(a < b);
+        assert!(s.contains("| f16 | 64 | 512 | no | 200.5 | n/a | n/a | n/a | n/a | n/a |"));
+        assert!(s.contains("- PyTorch: n/a"));
     }
 
     #[test]
@@ -986,7 +1022,10 @@ mod tests {
     fn marker_replacement_is_idempotent() {
         let doc = format!("# B\n\nhand\n\n{BEGIN}\nold\n{END}\n\ntail\n");
         let once = replace_section(&doc, "new\n").unwrap();
-        assert_eq!(once, format!("# B\n\nhand\n\n{BEGIN}\nnew\n{END}\n\ntail\n"));
+        assert_eq!(
+            once,
+            format!("# B\n\nhand\n\n{BEGIN}\nnew\n{END}\n\ntail\n")
+        );
         assert_eq!(replace_section(&once, "new\n").unwrap(), once);
 
         let bare = "# B\n\nhand\n";

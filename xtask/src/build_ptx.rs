@@ -85,7 +85,12 @@ pub fn run(check: bool) -> Result<(), String> {
 /// Runs the nested kernel build for one target and returns the PTX text.
 fn build_target(tc: &toolchain::Toolchain, t: &PtxTarget, root: &Path) -> Result<String, String> {
     let target_dir = root.join("target/ptx").join(t.name);
-    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    // A private copy of this binary acts as the linker, so a concurrent rebuild of xtask
+    // cannot delete it under the nested build.
+    let me = root.join("target/ptx").join(format!("ptx-linker-{}", t.name));
+    std::fs::create_dir_all(root.join("target/ptx")).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    std::fs::copy(&exe, &me).map_err(|e| format!("copy {} -> {}: {e}", exe.display(), me.display()))?;
     let mut flags = vec![
         format!("-Clinker={}", me.display()),
         format!("-Ctarget-cpu={}", t.cpu),

@@ -3,7 +3,8 @@
 //! writes JSON rows; `xtask/scripts/bench_torch.py` adds PyTorch SDPA's numbers measured in the
 //! same run on the same device.
 //!
-//! Usage: `flash-attn-bench [--out rows.json] [--quick] [--reps N]`
+//! Usage: `flash-attn-bench [--out rows.json] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
+//! [--causal true|false]` (the last four restrict the sweep, e.g. for a profiler).
 
 use flash_attn::timing::{median, time_ms};
 use flash_attn::{flash_attn_into, AttnParams, Device, DeviceTensor, Element, Result};
@@ -43,14 +44,29 @@ fn random<T: Element>(n: usize, seed: u64) -> Vec<T> {
         .collect()
 }
 
+/// Which rows of the sweep to run.
+struct Filter {
+    d: Option<usize>,
+    n: Option<usize>,
+    dtype: Option<String>,
+    causal: Option<bool>,
+}
+
 fn bench_dtype<T: Element>(
     dev: &Device,
     name: &'static str,
+    filter: &Filter,
     ns: &[usize],
     reps: usize,
     rows: &mut Vec<Row>,
 ) -> Result<()> {
+    if filter.dtype.as_deref().is_some_and(|f| f != name) {
+        return Ok(());
+    }
     for d in [64usize, 128] {
+        if filter.d.is_some_and(|f| f != d) {
+            continue;
+        }
         let h = WIDTH / d;
         let total = TOKENS * h * d;
         let q = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 1))?;
@@ -59,6 +75,9 @@ fn bench_dtype<T: Element>(
         let o = DeviceTensor::<T>::from_host(dev, &[total], &vec![T::default(); total])?;
         let (mut q, mut k, mut v, mut o) = (q, k, v, o);
         for &n in ns {
+            if filter.n.is_some_and(|f| f != n) {
+                continue;
+            }
             let b = TOKENS / n;
             let shape = [b, n, h, d];
             let strides = [n * h * d, h * d, d, 1];
@@ -68,6 +87,9 @@ fn bench_dtype<T: Element>(
             o = o.with_layout(&shape, &strides, 0)?;
             let mut lse = DeviceTensor::<f32>::from_host(dev, &[b, h, n], &vec![0.0; b * h * n])?;
             for causal in [false, true] {
+                if filter.causal.is_some_and(|f| f != causal) {
+                    continue;
+                }
                 let params = AttnParams {
                     causal,
                     softmax_scale: None,
@@ -113,6 +135,12 @@ fn main() {
     let out = flag("--out");
     let reps: usize = flag("--reps").and_then(|r| r.parse().ok()).unwrap_or(20);
     let quick = args.iter().any(|a| a == "--quick");
+    let filter = Filter {
+        d: flag("--d").and_then(|x| x.parse().ok()),
+        n: flag("--n").and_then(|x| x.parse().ok()),
+        dtype: flag("--dtype"),
+        causal: flag("--causal").and_then(|x| x.parse().ok()),
+    };
     let ns: Vec<usize> = if quick {
         vec![1024, 4096]
     } else {
@@ -128,8 +156,8 @@ fn main() {
     let device = dev.name().unwrap_or_default();
     let date = std::env::var("BENCH_DATE").unwrap_or_default();
     let mut rows = Vec::new();
-    let run = bench_dtype::<f16>(&dev, "f16", &ns, reps, &mut rows)
-        .and_then(|_| bench_dtype::<bf16>(&dev, "bf16", &ns, reps, &mut rows));
+    let run = bench_dtype::<f16>(&dev, "f16", &filter, &ns, reps, &mut rows)
+        .and_then(|_| bench_dtype::<bf16>(&dev, "bf16", &filter, &ns, reps, &mut rows));
     if let Err(e) = run {
         eprintln!("flash-attn-bench: error: {e}");
         std::process::exit(1);

@@ -89,14 +89,12 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
     let mut force_cpu = false;
     let mut out = None;
     let mut npy_out = None;
-    let mut value = |flag: &str| -> Result<String, String> {
-        it.next()
-            .cloned()
-            .ok_or_else(|| format!("{flag} needs a value"))
-    };
-    // `value` borrows the iterator, so the loop takes arguments through it as well.
-    loop {
-        let Ok(arg) = value("") else { break };
+    while let Some(arg) = it.next() {
+        let mut value = |flag: &str| -> Result<String, String> {
+            it.next()
+                .cloned()
+                .ok_or_else(|| format!("{flag} needs a value"))
+        };
         match arg.as_str() {
             "--q" | "--k" | "--v" => {
                 let i = ["--q", "--k", "--v"]
@@ -106,7 +104,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
                 if names[i].is_some() {
                     return Err(format!("{arg} given twice"));
                 }
-                names[i] = Some(value(&arg)?);
+                names[i] = Some(value(arg)?);
             }
             "--npy" => {
                 if npy.is_some() {
@@ -133,7 +131,7 @@ fn parse_args(argv: &[String]) -> Result<Args, String> {
                 if out.is_some() {
                     return Err(format!("{arg} given twice"));
                 }
-                out = Some(PathBuf::from(value(&arg)?));
+                out = Some(PathBuf::from(value(arg)?));
             }
             "--npy-out" => {
                 let o = value("--npy-out")?;

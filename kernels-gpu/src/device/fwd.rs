@@ -28,7 +28,7 @@
 
 use super::elem::Elem;
 use super::ptx;
-use super::tile::{quad_max, quad_sum, FragPos, SmemTile};
+use super::tile::{quad_max, quad_sum, FragPos, LaneOffsets, SmemTile};
 use crate::mask::{AttnMask, CausalMask};
 use crate::params::FwdParams;
 
@@ -146,31 +146,47 @@ pub unsafe fn flash_fwd<
         load_kv(n_end - 1, 0);
         ptx::cp_async_commit_group();
 
+        // softmax(s·c) with c < 0 is softmax(s'·|c|) for s' = (−Q)·Kᵀ: negate this thread's
+        // part of the Q tile once, so every step sees a positive scale.
+        let negate_q = p.scale_log2 < 0.0;
+        let scale_log2 = p.scale_log2.abs();
+        let lanes = LaneOffsets::new::<PITCH>(lane);
         let mut q_frag = [[[0u32; 4]; K_STEPS]; MT];
-        let mut buf = 0;
-        let mut n = n_end;
-        while n > n_start {
-            n -= 1;
-            ptx::cp_async_wait_group::<0>();
-            ptx::bar_sync();
-            if Q_IN_REGS && n + 1 == n_end {
-                for (mt, frags) in q_frag.iter_mut().enumerate() {
-                    for (ks, frag) in frags.iter_mut().enumerate() {
-                        *frag = q_tile.load_a(warp_m0 + 16 * mt, ks, lane);
-                    }
+        // Q and the first K/V tile have landed; publish them.
+        ptx::cp_async_wait_group::<0>();
+        if negate_q {
+            q_tile.negate_own::<D, WARPS>(tid);
+        }
+        ptx::bar_sync();
+        if Q_IN_REGS {
+            for (mt, frags) in q_frag.iter_mut().enumerate() {
+                for (ks, frag) in frags.iter_mut().enumerate() {
+                    *frag = q_tile.load_a(&lanes, warp_m0 + 16 * mt, ks);
                 }
             }
+        }
+        let mut buf = 0;
+        let mut n = n_end - 1;
+        loop {
             if n > n_start {
                 load_kv(n - 1, buf ^ 1);
                 ptx::cp_async_commit_group();
             }
-            let step = Step { tiles: tiles(buf), mask: &mask, scale_log2: p.scale_log2, warp_m0, lane, rows, n };
+            let step = Step { tiles: tiles(buf), mask: &mask, scale_log2, warp_m0, lane, lanes, rows, n };
             if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
                 step.attend::<E, true, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(&mut st, &q_frag);
             } else {
                 step.attend::<E, false, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(&mut st, &q_frag);
             }
+            if n == n_start {
+                break;
+            }
+            n -= 1;
             buf ^= 1;
+            // The prefetched tile has landed, and every warp is done with the buffer the next
+            // prefetch overwrites.
+            ptx::cp_async_wait_group::<0>();
+            ptx::bar_sync();
         }
     }
     store_output::<E, MT, D_TILES>(p, &mut st, batch, head, rows, pos);
@@ -180,10 +196,13 @@ pub unsafe fn flash_fwd<
 struct Step<'a, const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> {
     tiles: StepTiles<BM, BN, PITCH>,
     mask: &'a CausalMask,
+    /// `|softmax_scale|·log2(e)` (a negative scale is folded into Q).
     scale_log2: f32,
     /// First row of this warp's m-tiles within the block.
     warp_m0: usize,
     lane: u32,
+    /// This lane's `ldmatrix` offsets.
+    lanes: LaneOffsets,
     /// Global query rows of the thread's accumulator rows, per m-tile.
     rows: [[u32; 2]; MT],
     /// Key tile index.
@@ -208,6 +227,7 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
         q_frag: &[[[u32; 4]; K_STEPS]; MT],
     ) {
         let lane = ptx::opaque_u32(self.lane);
+        let lanes = self.lanes.step_local();
         let pos = FragPos::of(lane);
         let t = self.tiles;
 
@@ -216,10 +236,10 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
         for ks in 0..K_STEPS {
             let mut a = [[0u32; 4]; MT];
             for (mt, a) in a.iter_mut().enumerate() {
-                *a = if Q_IN_REGS { q_frag[mt][ks] } else { t.q.load_a(self.warp_m0 + 16 * mt, ks, lane) };
+                *a = if Q_IN_REGS { q_frag[mt][ks] } else { t.q.load_a(&lanes, self.warp_m0 + 16 * mt, ks) };
             }
             for np in 0..N_TILES / 2 {
-                let b = t.k.load_b_pair_nk(np * 16, ks, lane);
+                let b = t.k.load_b_pair_nk(&lanes, np * 16, ks);
                 for mt in 0..MT {
                     E::mma(&mut s[mt][2 * np], a[mt], b[0]);
                     E::mma(&mut s[mt][2 * np + 1], a[mt], b[1]);
@@ -227,44 +247,59 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
             }
         }
 
+        // Mask, take the row maxima of the raw scores, then scale them into base 2. The scale
+        // is positive here (a negative one was folded into Q), so max and scaling commute and
+        // the exponent below is one fused multiply-add per score.
+        let scale = self.scale_log2;
         let key0 = self.n * BN as u32;
+        let mut rescale = [[1.0f32; 2]; MT];
+        let mut max_moved = false;
         for mt in 0..MT {
-            // Scale into base 2, mask, and take the row maxima.
-            let mut row_max = st.m[mt];
+            let mut raw_max = [f32::NEG_INFINITY; 2];
             for (nt, tile) in s[mt].iter_mut().enumerate() {
                 for (e, x) in tile.iter_mut().enumerate() {
-                    *x *= self.scale_log2;
                     if MASKED && !self.mask.visible(self.rows[mt][e >> 1], key0 + nt as u32 * 8 + pos.col(e)) {
                         *x = f32::NEG_INFINITY;
                     }
-                    row_max[e >> 1] = row_max[e >> 1].max(*x);
+                    raw_max[e >> 1] = raw_max[e >> 1].max(*x);
                 }
             }
-            let mut rescale = [0.0f32; 2];
             let mut shift = [0.0f32; 2];
             for r in 0..2 {
-                let m_new = quad_max(row_max[r]);
-                // A row that has seen only masked keys keeps m = −∞; subtracting 0 instead keeps
-                // 2^(−∞ − shift) = 0 rather than NaN.
+                let tile_max = quad_max(raw_max[r]);
+                // −∞ stays −∞ (also for a zero scale, where −∞·0 would be NaN).
+                let tile_max = if tile_max == f32::NEG_INFINITY { tile_max } else { tile_max * scale };
+                let m_new = st.m[mt][r].max(tile_max);
+                // A row that has seen only masked keys keeps m = −∞; subtracting 0 instead
+                // keeps 2^(−∞ − shift) = 0 rather than NaN.
                 shift[r] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-                rescale[r] = ptx::ex2_approx_ftz(st.m[mt][r] - shift[r]);
+                max_moved |= m_new != st.m[mt][r];
+                rescale[mt][r] = ptx::ex2_approx_ftz(st.m[mt][r] - shift[r]);
                 st.m[mt][r] = m_new;
             }
 
-            // P = 2^(S − m), row sums, and the rescale of the running state.
+            // P = 2^(S·scale − m) and the row sums.
             let mut row_sum = [0.0f32; 2];
             for tile in s[mt].iter_mut() {
                 for (e, x) in tile.iter_mut().enumerate() {
-                    *x = ptx::ex2_approx_ftz(*x - shift[e >> 1]);
+                    let p = ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, scale, -shift[e >> 1]));
+                    // Masked scores are −∞; with a zero scale −∞·0 is NaN, so zero them here.
+                    *x = if MASKED && *x == f32::NEG_INFINITY { 0.0 } else { p };
                     row_sum[e >> 1] += *x;
                 }
             }
             for r in 0..2 {
-                st.l[mt][r] = st.l[mt][r] * rescale[r] + row_sum[r];
+                st.l[mt][r] = st.l[mt][r] * rescale[mt][r] + row_sum[r];
             }
-            for tile in st.o[mt].iter_mut() {
-                for (e, x) in tile.iter_mut().enumerate() {
-                    *x *= rescale[e >> 1];
+        }
+        // Rescale O only when some row's maximum moved (the factor is exactly 1 otherwise);
+        // late in a long key loop most steps skip it. The vote keeps the branch warp-uniform.
+        if ptx::vote_any_sync(max_moved) {
+            for (o, rescale) in st.o.iter_mut().zip(&rescale) {
+                for tile in o.iter_mut() {
+                    for (e, x) in tile.iter_mut().enumerate() {
+                        *x *= rescale[e >> 1];
+                    }
                 }
             }
         }
@@ -277,7 +312,7 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
                 *a = [E::pack(s0[0], s0[1]), E::pack(s0[2], s0[3]), E::pack(s1[0], s1[1]), E::pack(s1[2], s1[3])];
             }
             for dp in 0..D_TILES / 2 {
-                let b = t.v.load_b_pair_kn(kk * 16, 2 * dp, lane);
+                let b = t.v.load_b_pair_kn(&lanes, kk * 16, dp);
                 for mt in 0..MT {
                     E::mma(&mut st.o[mt][2 * dp], a[mt], b[0]);
                     E::mma(&mut st.o[mt][2 * dp + 1], a[mt], b[1]);

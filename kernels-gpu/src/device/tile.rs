@@ -2,7 +2,7 @@
 //! arithmetic themselves: this module knows which rows and chunks each lane addresses.
 
 use super::ptx;
-use crate::swizzle::chunk_offset;
+use crate::swizzle::{chunk_offset, split_offset};
 
 /// `ROWS × PITCH` 16-bit elements in shared memory, row-major, swizzled by
 /// [`crate::swizzle::chunk_offset`].
@@ -46,40 +46,52 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
     ) {
         // Recomputed per call, not hoisted out of the key loop (see `ptx::opaque_u32`).
         let tid = ptx::opaque_u32(tid);
+        self.for_own_chunks::<COLS, WARPS>(tid, |row, chunk| {
+            let col = (chunk * 8) as u32;
+            let valid = (row as u32) < rows_valid && col < cols_valid;
+            let from = if valid { src.add(row * row_stride as usize + col as usize) } else { src };
+            let bytes = if valid { 16 } else { 0 };
+            ptx::cp_async_cg_16(self.chunk_addr(row, chunk), from as *const u8, bytes);
+        });
+    }
+
+    /// Flips the sign of every element of the chunks this thread copied with
+    /// [`SmemTile::load_async`] (exact for f16 and bf16). Call after the copies completed
+    /// (`cp_async_wait_group`) and before the barrier that publishes the tile.
+    ///
+    /// # Safety
+    /// As [`SmemTile::load_async`], with the same `COLS`, `WARPS` and `tid`.
+    #[inline(always)]
+    pub unsafe fn negate_own<const COLS: usize, const WARPS: usize>(self, tid: u32) {
+        self.for_own_chunks::<COLS, WARPS>(tid, |row, chunk| {
+            let a = self.chunk_addr(row, chunk);
+            ptx::st_shared_v4(a, ptx::ld_shared_v4(a).map(|x| x ^ 0x8000_8000));
+        });
+    }
+
+    /// Calls `f(row, chunk)` for the 16-byte chunks of `ROWS × COLS` that thread `tid` of
+    /// `32·WARPS` owns: chunks `tid`, `tid + 32·WARPS`, ... in row-major order.
+    #[inline(always)]
+    fn for_own_chunks<const COLS: usize, const WARPS: usize>(self, tid: u32, mut f: impl FnMut(usize, usize)) {
         let threads = WARPS * 32;
         let chunks_per_row = COLS / 8;
         let total = ROWS * chunks_per_row;
-        let mut i = 0;
-        while i < total.div_ceil(threads) {
+        for i in 0..total.div_ceil(threads) {
             let idx = tid as usize + i * threads;
             if total % threads == 0 || idx < total {
-                let row = idx / chunks_per_row;
-                let chunk = idx % chunks_per_row;
-                let col = (chunk * 8) as u32;
-                let valid = (row as u32) < rows_valid && col < cols_valid;
-                let from = if valid {
-                    src.add(row as u64 as usize * row_stride as usize + col as usize)
-                } else {
-                    src
-                };
-                let bytes = if valid { 16 } else { 0 };
-                ptx::cp_async_cg_16(self.chunk_addr(row, chunk), from as *const u8, bytes);
+                f(idx / chunks_per_row, idx % chunks_per_row);
             }
-            i += 1;
         }
     }
 
-    /// The `mma` A fragment of rows `[m0, m0 + 16)`, columns `[16·ks, 16·ks + 16)`.
+    /// The `mma` A fragment of rows `[m0, m0 + 16)`, columns `[16·ks, 16·ks + 16)`; `m0` is a
+    /// multiple of 8.
     ///
     /// # Safety
     /// The whole warp calls it; the tile is written and synchronised.
     #[inline(always)]
-    pub unsafe fn load_a(self, m0: usize, ks: usize, lane: u32) -> [u32; 4] {
-        let lane = lane as usize;
-        let mat = lane / 8;
-        let row = m0 + (mat & 1) * 8 + lane % 8;
-        let chunk = 2 * ks + (mat >> 1);
-        ptx::ldmatrix_x4(self.chunk_addr(row, chunk))
+    pub unsafe fn load_a(self, lanes: &LaneOffsets, m0: usize, ks: usize) -> [u32; 4] {
+        ptx::ldmatrix_x4(self.base + lanes.a[ks % 4] + lanes.const_part::<PITCH>(m0, ks))
     }
 
     /// `mma` B fragments of two adjacent 8-column tiles for a tile stored as `[n][k]` (rows are
@@ -88,29 +100,63 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
     /// # Safety
     /// As [`SmemTile::load_a`].
     #[inline(always)]
-    pub unsafe fn load_b_pair_nk(self, n0: usize, ks: usize, lane: u32) -> [[u32; 2]; 2] {
-        let lane = lane as usize;
-        let mat = lane / 8;
-        let row = n0 + (mat >> 1) * 8 + lane % 8;
-        let chunk = 2 * ks + (mat & 1);
-        let r = ptx::ldmatrix_x4(self.chunk_addr(row, chunk));
+    pub unsafe fn load_b_pair_nk(self, lanes: &LaneOffsets, n0: usize, ks: usize) -> [[u32; 2]; 2] {
+        let r = ptx::ldmatrix_x4(self.base + lanes.b[ks % 4] + lanes.const_part::<PITCH>(n0, ks));
         [[r[0], r[1]], [r[2], r[3]]]
     }
 
     /// `mma` B fragments of two adjacent 8-column tiles for a tile stored as `[k][n]` (rows are
     /// the reduction dim, as V is for `O = P·V`): k rows `[k0, k0 + 16)`, B columns
-    /// `[8·nt, 8·nt + 16)`. Uses the transposing `ldmatrix`.
+    /// `[16·np, 16·np + 16)`. Uses the transposing `ldmatrix`.
     ///
     /// # Safety
     /// As [`SmemTile::load_a`].
     #[inline(always)]
-    pub unsafe fn load_b_pair_kn(self, k0: usize, nt: usize, lane: u32) -> [[u32; 2]; 2] {
+    pub unsafe fn load_b_pair_kn(self, lanes: &LaneOffsets, k0: usize, np: usize) -> [[u32; 2]; 2] {
+        let r = ptx::ldmatrix_x4_trans(self.base + lanes.a[np % 4] + lanes.const_part::<PITCH>(k0, np));
+        [[r[0], r[1]], [r[2], r[3]]]
+    }
+}
+
+/// The per-lane, swizzled part of every `ldmatrix` row address (see
+/// [`crate::swizzle::split_offset`]): four offsets for each of the two lane patterns. Pattern
+/// `a` (lane `l` reads row `8·(l/8 % 2) + l % 8`, chunk parity `l/16`) serves the A operand and
+/// the transposed B operand; pattern `b` (row `8·(l/16) + l % 8`, parity `l/8 % 2`) the B
+/// operand stored `[n][k]`. Computed once per kernel; [`LaneOffsets::step_local`] at the top of
+/// each step keeps the compiler from hoisting one register per address out of the key loop.
+#[derive(Clone, Copy)]
+pub struct LaneOffsets {
+    a: [u32; 4],
+    b: [u32; 4],
+}
+
+impl LaneOffsets {
+    /// The offsets of `lane` for tiles with `PITCH` elements per row.
+    #[inline(always)]
+    pub fn new<const PITCH: usize>(lane: u32) -> Self {
         let lane = lane as usize;
         let mat = lane / 8;
-        let row = k0 + (mat & 1) * 8 + lane % 8;
-        let chunk = nt + (mat >> 1);
-        let r = ptx::ldmatrix_x4_trans(self.chunk_addr(row, chunk));
-        [[r[0], r[1]], [r[2], r[3]]]
+        let part = |row: usize, parity: usize| -> [u32; 4] {
+            core::array::from_fn(|j| split_offset(PITCH, row, parity, 0, j).0 as u32)
+        };
+        Self {
+            a: part((mat & 1) * 8 + lane % 8, mat >> 1),
+            b: part((mat >> 1) * 8 + lane % 8, mat & 1),
+        }
+    }
+
+    /// The same offsets, opaque to the optimiser (see [`ptx::opaque_u32`]).
+    #[inline(always)]
+    pub unsafe fn step_local(self) -> Self {
+        Self {
+            a: self.a.map(|x| ptx::opaque_u32(x)),
+            b: self.b.map(|x| ptx::opaque_u32(x)),
+        }
+    }
+
+    #[inline(always)]
+    fn const_part<const PITCH: usize>(&self, row0: usize, c2: usize) -> u32 {
+        split_offset(PITCH, 0, 0, row0, c2).1 as u32
     }
 }
 

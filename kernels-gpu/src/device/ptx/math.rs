@@ -63,3 +63,14 @@ pub unsafe fn shfl_sync_bfly<const MASK: u32>(x: f32) -> f32 {
     );
     y
 }
+
+/// `a · b + c` with one rounding (`fma.rn.f32`).
+///
+/// # Safety
+/// As [`ex2_approx_ftz`].
+#[inline(always)]
+pub unsafe fn fma_rn_f32(a: f32, b: f32, c: f32) -> f32 {
+    let d: f32;
+    asm!("fma.rn.f32 {d}, {a}, {b}, {c};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack));
+    d
+}

@@ -6,6 +6,7 @@ mod cp_async;
 mod ldmatrix;
 mod math;
 mod mma;
+mod shared;
 mod smem;
 mod sync;
 
@@ -13,5 +14,6 @@ pub use cp_async::*;
 pub use ldmatrix::*;
 pub use math::*;
 pub use mma::*;
+pub use shared::*;
 pub use smem::*;
 pub use sync::*;

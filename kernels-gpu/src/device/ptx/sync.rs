@@ -74,3 +74,19 @@ pub unsafe fn opaque_u32(x: u32) -> u32 {
     asm!("mov.b32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(nomem, nostack));
     y
 }
+
+/// `vote.sync.any.pred`: whether `pred` holds in any lane of the warp (warp-uniform result).
+///
+/// # Safety
+/// All 32 lanes execute it together.
+#[inline(always)]
+pub unsafe fn vote_any_sync(pred: bool) -> bool {
+    let r: u32;
+    asm!(
+        "{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; vote.sync.any.pred q, p, 0xffffffff; selp.u32 {r}, 1, 0, q; }}",
+        x = in(reg32) pred as u32,
+        r = out(reg32) r,
+        options(nostack)
+    );
+    r != 0
+}

@@ -1,0 +1,33 @@
+//! Plain shared-memory loads and stores (16 bytes).
+
+use core::arch::asm;
+
+/// Loads 16 bytes from shared address `addr`.
+///
+/// # Safety
+/// `addr` is 16-byte aligned and inside the block's shared memory.
+#[inline(always)]
+pub unsafe fn ld_shared_v4(addr: u32) -> [u32; 4] {
+    let (a, b, c, d): (u32, u32, u32, u32);
+    asm!(
+        "ld.shared.v4.u32 {{{a}, {b}, {c}, {d}}}, [{addr}];",
+        a = out(reg32) a, b = out(reg32) b, c = out(reg32) c, d = out(reg32) d,
+        addr = in(reg32) addr,
+        options(nostack)
+    );
+    [a, b, c, d]
+}
+
+/// Stores 16 bytes to shared address `addr`.
+///
+/// # Safety
+/// As [`ld_shared_v4`].
+#[inline(always)]
+pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
+    asm!(
+        "st.shared.v4.u32 [{addr}], {{{a}, {b}, {c}, {d}}};",
+        addr = in(reg32) addr,
+        a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+        options(nostack)
+    );
+}
