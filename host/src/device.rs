@@ -4,6 +4,7 @@ use crate::error::{FlashError, Result};
 use crate::ptx;
 use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
+use flash_attn_kernels::config::Arch;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -14,7 +15,7 @@ pub struct Device {
     stream: Arc<CudaStream>,
     module: Arc<CudaModule>,
     compute_capability: (i32, i32),
-    ptx_arch: &'static str,
+    arch: Arch,
     max_smem_optin: usize,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
@@ -32,7 +33,8 @@ pub fn device_count() -> Result<usize> {
 }
 
 impl Device {
-    /// Opens device `ordinal` (primary context), creates a stream and loads the kernels.
+    /// Opens device `ordinal` (primary context), creates a stream and loads the kernels for its
+    /// architecture (`FLASH_ATTN_PTX=sm80` forces the sm_80 PTX on newer devices, for testing).
     /// Fails with [`FlashError::NoDevice`] when there is no driver or no such device, and with
     /// [`FlashError::UnsupportedDevice`] below compute capability 8.0.
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -44,7 +46,7 @@ impl Device {
         }
         let ctx = CudaContext::new(ordinal)?;
         let (major, minor) = ctx.compute_capability()?;
-        let (ptx_arch, src) = ptx::for_compute_capability(major, minor)
+        let (arch, src) = ptx::for_compute_capability(major, minor)
             .ok_or(FlashError::UnsupportedDevice { major, minor })?;
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
@@ -56,7 +58,7 @@ impl Device {
             stream,
             module,
             compute_capability: (major, minor),
-            ptx_arch,
+            arch,
             max_smem_optin,
             functions: Mutex::new(HashMap::new()),
         })
@@ -69,7 +71,15 @@ impl Device {
 
     /// Which embedded PTX was loaded (`"sm_80"` or `"sm_90a"`).
     pub fn ptx_arch(&self) -> &'static str {
-        self.ptx_arch
+        match self.arch {
+            Arch::Sm80 => "sm_80",
+            Arch::Sm90a => "sm_90a",
+        }
+    }
+
+    /// The PTX target loaded (selects the kernels' tile shapes).
+    pub fn arch(&self) -> Arch {
+        self.arch
     }
 
     /// The device's name.

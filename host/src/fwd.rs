@@ -59,7 +59,7 @@ pub fn flash_attn_into<T: Element>(
     shape.check_outputs(&o_dims, &lse_dims)?;
     let d = shape.head_dim;
     let d_kernel = compiled_head_dim(d).ok_or(FlashError::HeadDim(d))?;
-    let tile = fwd_tile(d_kernel).ok_or(FlashError::HeadDim(d))?;
+    let tile = fwd_tile(dev.arch(), d_kernel).ok_or(FlashError::HeadDim(d))?;
     let kernel = fwd_kernel_name(bf16, d_kernel).ok_or(FlashError::HeadDim(d))?;
     let scale = params.scale(d)?;
 

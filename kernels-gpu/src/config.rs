@@ -47,15 +47,39 @@ impl FwdTile {
     }
 }
 
-/// The tile shape used for a compiled head dim; `None` when `head_dim` is not compiled.
-pub const fn fwd_tile(head_dim: usize) -> Option<FwdTile> {
-    // (warps, m_tiles, block_n, q_in_regs)
-    let (warps, m_tiles, block_n, q_in_regs) = match head_dim {
-        32 => (4, 2, 64, true),
-        64 => (4, 2, 64, true),
-        96 => (4, 2, 32, false),
-        128 => (4, 2, 32, false),
-        256 => (4, 1, 16, false),
+/// The PTX targets, each with its own tile table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// `sm_80` PTX: Ampere and Ada (and anything newer than Hopper, through the driver JIT).
+    Sm80,
+    /// `sm_90a` PTX: Hopper (compute capability 9.0 exactly).
+    Sm90a,
+}
+
+impl Arch {
+    /// The arch this crate is being compiled for: set by `cargo xtask build-ptx` through
+    /// `--cfg flash_arch="…"`; `Sm80` elsewhere.
+    pub const fn current() -> Arch {
+        if cfg!(flash_arch = "sm90a") {
+            Arch::Sm90a
+        } else {
+            Arch::Sm80
+        }
+    }
+}
+
+/// The tile shape used for a compiled head dim on `arch`; `None` when `head_dim` is not
+/// compiled.
+pub const fn fwd_tile(arch: Arch, head_dim: usize) -> Option<FwdTile> {
+    // (warps, m_tiles, block_n, q_in_regs). Hopper's register allocation fits 64-key tiles at
+    // d = 128 without spills (measured faster: docs/perf-notes.md); sm_80..sm_89 spill there.
+    let (warps, m_tiles, block_n, q_in_regs) = match (arch, head_dim) {
+        (_, 32) => (4, 2, 64, true),
+        (_, 64) => (4, 2, 64, true),
+        (_, 96) => (4, 2, 32, false),
+        (Arch::Sm80, 128) => (4, 2, 32, false),
+        (Arch::Sm90a, 128) => (4, 2, 64, false),
+        (_, 256) => (4, 1, 16, false),
         _ => return None,
     };
     Some(FwdTile {
@@ -81,10 +105,10 @@ pub const fn compiled_head_dim(head_dim: usize) -> Option<usize> {
     None
 }
 
-/// Shorthand for the kernels' const generic arguments; panics at compile time for a head dim
-/// that has no tile.
+/// The tile of `head_dim` for the arch being compiled: shorthand for the kernels' const generic
+/// arguments; panics at compile time for a head dim that has no tile.
 pub const fn tile(head_dim: usize) -> FwdTile {
-    match fwd_tile(head_dim) {
+    match fwd_tile(Arch::current(), head_dim) {
         Some(t) => t,
         None => panic!("no tile for this head dim"),
     }
@@ -116,8 +140,11 @@ mod tests {
 
     #[test]
     fn every_tile_is_consistent() {
-        for d in COMPILED_HEAD_DIMS {
-            let t = tile(d);
+        for (arch, d) in [Arch::Sm80, Arch::Sm90a]
+            .into_iter()
+            .flat_map(|a| COMPILED_HEAD_DIMS.map(|d| (a, d)))
+        {
+            let t = fwd_tile(arch, d).unwrap();
             assert_eq!(t.block_m, t.warps * MMA_M * t.m_tiles);
             assert_eq!(t.block_n % 16, 0);
             assert_eq!(d % 16, 0);

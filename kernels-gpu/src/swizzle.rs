@@ -32,7 +32,13 @@ pub const fn chunk_offset(pitch: usize, row: usize, chunk: usize) -> usize {
 /// picked by `c2 % 4`, which kernels compute once) and a part known at compile time. Kernels
 /// add the two at each `ldmatrix`, which the assembler folds into the instruction's immediate.
 #[inline(always)]
-pub const fn split_offset(pitch: usize, lane_row: usize, parity: usize, row0: usize, c2: usize) -> (usize, usize) {
+pub const fn split_offset(
+    pitch: usize,
+    lane_row: usize,
+    parity: usize,
+    row0: usize,
+    c2: usize,
+) -> (usize, usize) {
     let lane_part = chunk_offset(pitch, lane_row, 2 * (c2 % 4) + parity);
     let const_part = row0 * pitch * 2 + (c2 / 4) * 8 * CHUNK_BYTES;
     (lane_part, const_part)
@@ -51,7 +57,10 @@ mod tests {
                     for row0 in (0..64).step_by(8) {
                         for c2 in 0..chunk_pairs {
                             let (a, b) = split_offset(pitch, lane_row, parity, row0, c2);
-                            assert_eq!(a + b, chunk_offset(pitch, row0 + lane_row, 2 * c2 + parity));
+                            assert_eq!(
+                                a + b,
+                                chunk_offset(pitch, row0 + lane_row, 2 * c2 + parity)
+                            );
                         }
                     }
                 }

@@ -12,6 +12,8 @@ pub struct PtxTarget {
     pub cpu: &'static str,
     /// `-C target-feature` (empty for none).
     pub features: &'static str,
+    /// Value of `--cfg flash_arch` (selects the tile table in `flash_attn_kernels::config`).
+    pub cfg: &'static str,
     /// Architectures `ptxas` checks this PTX for.
     pub ptxas_archs: &'static [&'static str],
 }
@@ -23,12 +25,14 @@ pub const TARGETS: [PtxTarget; 2] = [
         name: "flash_attn_sm80",
         cpu: "sm_80",
         features: "",
+        cfg: "sm80",
         ptxas_archs: &["sm_80", "sm_86", "sm_89", "sm_90"],
     },
     PtxTarget {
         name: "flash_attn_sm90a",
         cpu: "sm_90a",
         features: "+ptx80",
+        cfg: "sm90a",
         ptxas_archs: &["sm_90a"],
     },
 ];
@@ -87,13 +91,17 @@ fn build_target(tc: &toolchain::Toolchain, t: &PtxTarget, root: &Path) -> Result
     let target_dir = root.join("target/ptx").join(t.name);
     // A private copy of this binary acts as the linker, so a concurrent rebuild of xtask
     // cannot delete it under the nested build.
-    let me = root.join("target/ptx").join(format!("ptx-linker-{}", t.name));
+    let me = root
+        .join("target/ptx")
+        .join(format!("ptx-linker-{}", t.name));
     std::fs::create_dir_all(root.join("target/ptx")).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    std::fs::copy(&exe, &me).map_err(|e| format!("copy {} -> {}: {e}", exe.display(), me.display()))?;
+    std::fs::copy(&exe, &me)
+        .map_err(|e| format!("copy {} -> {}: {e}", exe.display(), me.display()))?;
     let mut flags = vec![
         format!("-Clinker={}", me.display()),
         format!("-Ctarget-cpu={}", t.cpu),
+        format!("--cfg=flash_arch=\"{}\"", t.cfg),
         format!("-Cllvm-args={UNROLL_THRESHOLD}"),
         format!("--remap-path-prefix={}=/flash-attn", root.display()),
     ];

@@ -71,10 +71,12 @@ fn rustup_nightly() -> Result<Toolchain, Vec<String>> {
             .map(|s| PathBuf::from(s.trim()));
     let sysroot = match sysroot {
         Ok(s) => s,
-        Err(_) => return Err(vec![
+        Err(_) => {
+            return Err(vec![
             "a rustup nightly toolchain (`rustup toolchain install nightly --component rust-src`)"
                 .into(),
-        ]),
+        ])
+        }
     };
     if !sysroot.join("lib/rustlib/src/rust/library/core").exists() {
         missing.push(

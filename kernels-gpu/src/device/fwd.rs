@@ -172,7 +172,16 @@ pub unsafe fn flash_fwd<
                 load_kv(n - 1, buf ^ 1);
                 ptx::cp_async_commit_group();
             }
-            let step = Step { tiles: tiles(buf), mask: &mask, scale_log2, warp_m0, lane, lanes, rows, n };
+            let step = Step {
+                tiles: tiles(buf),
+                mask: &mask,
+                scale_log2,
+                warp_m0,
+                lane,
+                lanes,
+                rows,
+                n,
+            };
             if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
                 step.attend::<E, true, Q_IN_REGS, K_STEPS, D_TILES, N_TILES>(&mut st, &q_frag);
             } else {
@@ -209,7 +218,9 @@ struct Step<'a, const BM: usize, const BN: usize, const PITCH: usize, const MT: 
     n: u32,
 }
 
-impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step<'_, BM, BN, PITCH, MT> {
+impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize>
+    Step<'_, BM, BN, PITCH, MT>
+{
     /// `S = Q·Kᵀ`, optional masking, the online-softmax update, and `O += P·V` for key tile
     /// `n`. `MASKED` selects the element-wise mask for diagonal and tail tiles; interior tiles
     /// skip it.
@@ -236,7 +247,11 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
         for ks in 0..K_STEPS {
             let mut a = [[0u32; 4]; MT];
             for (mt, a) in a.iter_mut().enumerate() {
-                *a = if Q_IN_REGS { q_frag[mt][ks] } else { t.q.load_a(&lanes, self.warp_m0 + 16 * mt, ks) };
+                *a = if Q_IN_REGS {
+                    q_frag[mt][ks]
+                } else {
+                    t.q.load_a(&lanes, self.warp_m0 + 16 * mt, ks)
+                };
             }
             for np in 0..N_TILES / 2 {
                 let b = t.k.load_b_pair_nk(&lanes, np * 16, ks);
@@ -258,7 +273,11 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
             let mut raw_max = [f32::NEG_INFINITY; 2];
             for (nt, tile) in s[mt].iter_mut().enumerate() {
                 for (e, x) in tile.iter_mut().enumerate() {
-                    if MASKED && !self.mask.visible(self.rows[mt][e >> 1], key0 + nt as u32 * 8 + pos.col(e)) {
+                    if MASKED
+                        && !self
+                            .mask
+                            .visible(self.rows[mt][e >> 1], key0 + nt as u32 * 8 + pos.col(e))
+                    {
                         *x = f32::NEG_INFINITY;
                     }
                     raw_max[e >> 1] = raw_max[e >> 1].max(*x);
@@ -268,11 +287,19 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
             for r in 0..2 {
                 let tile_max = quad_max(raw_max[r]);
                 // −∞ stays −∞ (also for a zero scale, where −∞·0 would be NaN).
-                let tile_max = if tile_max == f32::NEG_INFINITY { tile_max } else { tile_max * scale };
+                let tile_max = if tile_max == f32::NEG_INFINITY {
+                    tile_max
+                } else {
+                    tile_max * scale
+                };
                 let m_new = st.m[mt][r].max(tile_max);
                 // A row that has seen only masked keys keeps m = −∞; subtracting 0 instead
                 // keeps 2^(−∞ − shift) = 0 rather than NaN.
-                shift[r] = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
+                shift[r] = if m_new == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    m_new
+                };
                 max_moved |= m_new != st.m[mt][r];
                 rescale[mt][r] = ptx::ex2_approx_ftz(st.m[mt][r] - shift[r]);
                 st.m[mt][r] = m_new;
@@ -284,7 +311,11 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
                 for (e, x) in tile.iter_mut().enumerate() {
                     let p = ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, scale, -shift[e >> 1]));
                     // Masked scores are −∞; with a zero scale −∞·0 is NaN, so zero them here.
-                    *x = if MASKED && *x == f32::NEG_INFINITY { 0.0 } else { p };
+                    *x = if MASKED && *x == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        p
+                    };
                     row_sum[e >> 1] += *x;
                 }
             }
@@ -309,7 +340,12 @@ impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> Step
             let mut a = [[0u32; 4]; MT];
             for (mt, a) in a.iter_mut().enumerate() {
                 let (s0, s1) = (&s[mt][2 * kk], &s[mt][2 * kk + 1]);
-                *a = [E::pack(s0[0], s0[1]), E::pack(s0[2], s0[3]), E::pack(s1[0], s1[1]), E::pack(s1[2], s1[3])];
+                *a = [
+                    E::pack(s0[0], s0[1]),
+                    E::pack(s0[2], s0[3]),
+                    E::pack(s1[0], s1[1]),
+                    E::pack(s1[2], s1[3]),
+                ];
             }
             for dp in 0..D_TILES / 2 {
                 let b = t.v.load_b_pair_kn(&lanes, kk * 16, dp);
@@ -354,7 +390,9 @@ unsafe fn store_output<E: Elem, const MT: usize, const D_TILES: usize>(
                 }
             }
             if pos.t == 0 {
-                let at = batch as u64 * p.lse_batch_stride + head as u64 * p.lse_head_stride + row as u64;
+                let at = batch as u64 * p.lse_batch_stride
+                    + head as u64 * p.lse_head_stride
+                    + row as u64;
                 *(p.lse as *mut f32).add(at as usize) = lse;
             }
         }

@@ -49,7 +49,11 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
         self.for_own_chunks::<COLS, WARPS>(tid, |row, chunk| {
             let col = (chunk * 8) as u32;
             let valid = (row as u32) < rows_valid && col < cols_valid;
-            let from = if valid { src.add(row * row_stride as usize + col as usize) } else { src };
+            let from = if valid {
+                src.add(row * row_stride as usize + col as usize)
+            } else {
+                src
+            };
             let bytes = if valid { 16 } else { 0 };
             ptx::cp_async_cg_16(self.chunk_addr(row, chunk), from as *const u8, bytes);
         });
@@ -72,7 +76,11 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
     /// Calls `f(row, chunk)` for the 16-byte chunks of `ROWS × COLS` that thread `tid` of
     /// `32·WARPS` owns: chunks `tid`, `tid + 32·WARPS`, ... in row-major order.
     #[inline(always)]
-    fn for_own_chunks<const COLS: usize, const WARPS: usize>(self, tid: u32, mut f: impl FnMut(usize, usize)) {
+    fn for_own_chunks<const COLS: usize, const WARPS: usize>(
+        self,
+        tid: u32,
+        mut f: impl FnMut(usize, usize),
+    ) {
         let threads = WARPS * 32;
         let chunks_per_row = COLS / 8;
         let total = ROWS * chunks_per_row;
@@ -113,7 +121,8 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
     /// As [`SmemTile::load_a`].
     #[inline(always)]
     pub unsafe fn load_b_pair_kn(self, lanes: &LaneOffsets, k0: usize, np: usize) -> [[u32; 2]; 2] {
-        let r = ptx::ldmatrix_x4_trans(self.base + lanes.a[np % 4] + lanes.const_part::<PITCH>(k0, np));
+        let r =
+            ptx::ldmatrix_x4_trans(self.base + lanes.a[np % 4] + lanes.const_part::<PITCH>(k0, np));
         [[r[0], r[1]], [r[2], r[3]]]
     }
 }
