@@ -46,8 +46,12 @@ impl Device {
         }
         let ctx = CudaContext::new(ordinal)?;
         let (major, minor) = ctx.compute_capability()?;
-        let (arch, src) = ptx::for_compute_capability(major, minor)
+        let (mut arch, mut src) = ptx::for_compute_capability(major, minor)
             .ok_or(FlashError::UnsupportedDevice { major, minor })?;
+        // Lets the sm_80 kernels (Ampere/Ada tiles) be tested on a Hopper machine.
+        if std::env::var("FLASH_ATTN_PTX").is_ok_and(|v| v == "sm80") {
+            (arch, src) = (Arch::Sm80, ptx::SM80);
+        }
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
