@@ -18,6 +18,10 @@ pub trait AttnMask {
 
     /// Whether query `row` sees key `key`.
     fn visible(&self, row: u32, key: u32) -> bool;
+
+    /// Whether later query tiles visit more key tiles (then the grid runs them first, so the
+    /// last wave holds the short ones).
+    fn later_rows_see_more(&self) -> bool;
 }
 
 /// Sequence tails plus optional causal masking aligned to the bottom-right corner: query `i`
@@ -68,6 +72,11 @@ impl AttnMask for CausalMask {
     #[inline(always)]
     fn visible(&self, row: u32, key: u32) -> bool {
         key < self.seqlen_k && (!self.causal || key as i64 <= self.causal_limit(row))
+    }
+
+    #[inline(always)]
+    fn later_rows_see_more(&self) -> bool {
+        self.causal
     }
 }
 

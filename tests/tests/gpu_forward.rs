@@ -465,3 +465,64 @@ fn invalid_inputs_are_typed_errors() {
         Err(FlashError::TooLarge(_))
     ));
 }
+
+/// Tensors of 2³¹ elements (4 GiB each in f16): offsets past `i32::MAX` must index correctly.
+/// Q, K and V are views of one buffer; the last batch entries, which lie past 2³¹ elements,
+/// are checked against the reference. Skipped (loudly) when the device has under 24 GiB free.
+#[test]
+fn indexing_past_two_to_the_31_elements() {
+    let Some(dev) = device() else { return };
+    let (free, _) = dev.mem_info().unwrap();
+    if free < 24 << 30 {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "***** SKIPPED: indexing_past_two_to_the_31_elements needs 24 GiB free, {free} bytes are *****");
+        return;
+    }
+    let shape = AttnShape {
+        batch: 4096,
+        seqlen_q: 256,
+        seqlen_k: 256,
+        heads_q: 16,
+        heads_kv: 16,
+        head_dim: 128,
+    };
+    let n: usize = shape.q_dims().iter().product();
+    assert_eq!(n, 1 << 31);
+    // Cheap fresh values (xorshift, uniform in [-1, 1)): the reference only needs the tail.
+    let mut state = 0x2545_F491_4F6C_DD1Du64 ^ std::process::id() as u64;
+    let data: Vec<f16> = (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            f16::from_f32((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+        })
+        .collect();
+    let qkv = DeviceTensor::from_host(dev, &shape.q_dims(), &data).unwrap();
+    let params = AttnParams {
+        causal: true,
+        softmax_scale: None,
+    };
+    let (o, lse) = flash_attn(dev, &qkv, &qkv, &qkv, &params).unwrap();
+    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
+    let full = Array4::from_shape_vec(shape.q_dims(), data).unwrap();
+    for b in [shape.batch - 1, shape.batch / 2 + 1] {
+        let x = full.slice(ndarray::s![b..b + 1, .., .., ..]);
+        let reference = attention_reference(
+            to_f64(x).view(),
+            to_f64(x).view(),
+            to_f64(x).view(),
+            &params,
+        )
+        .unwrap();
+        let naive = attention_naive(x, x, x, &params).unwrap();
+        let ours_o = o.slice(ndarray::s![b..b + 1, .., .., ..]);
+        let ours_lse = lse.slice(ndarray::s![b..b + 1, .., ..]);
+        check_accuracy(
+            (ours_o, ours_lse),
+            (naive.0.view(), naive.1.view()),
+            (reference.0.view(), reference.1.view()),
+        )
+        .unwrap_or_else(|e| panic!("batch {b}: {e}"));
+    }
+}

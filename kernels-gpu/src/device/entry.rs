@@ -4,6 +4,7 @@
 use super::elem::{Bf16, F16};
 use super::fwd::flash_fwd;
 use crate::config::{tile, FwdTile};
+use crate::mask::CausalMask;
 use crate::params::{FwdParams, PadParams};
 
 macro_rules! fwd_entries {
@@ -16,8 +17,10 @@ macro_rules! fwd_entries {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: FwdParams) {
             const T: FwdTile = tile($d);
+            let mask = CausalMask { seqlen_q: p.seqlen_q, seqlen_k: p.seqlen_k, causal: p.causal() };
             flash_fwd::<
                 $elem,
+                _,
                 $d,
                 { T.smem_pitch() },
                 { T.block_m },
@@ -28,7 +31,7 @@ macro_rules! fwd_entries {
                 { $d / 16 },
                 { $d / 8 },
                 { T.block_n / 8 },
-            >(&p)
+            >(&p, mask)
         }
     )*};
 }

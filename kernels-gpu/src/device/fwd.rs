@@ -29,7 +29,7 @@
 use super::elem::Elem;
 use super::ptx;
 use super::tile::{quad_max, quad_sum, FragPos, LaneOffsets, SmemTile};
-use crate::mask::{AttnMask, CausalMask};
+use crate::mask::AttnMask;
 use crate::params::FwdParams;
 
 /// `ln 2`: converts the base-2 LSE kept by the kernel to the natural log of the API.
@@ -55,7 +55,8 @@ struct StepTiles<const BM: usize, const BN: usize, const PITCH: usize> {
     v: SmemTile<BN, PITCH>,
 }
 
-/// The forward kernel body; see the module docs. Const parameters: `D` compiled head dim,
+/// The forward kernel body for any mask policy `M` (tile range + score predicate); see the
+/// module docs. Const parameters: `D` compiled head dim,
 /// `PITCH` shared row length, `BM`/`BN` tile rows/keys, `WARPS`, `MT` m-tiles per warp,
 /// `Q_IN_REGS`, and the derived counts `K_STEPS = D/16`, `D_TILES = D/8`, `N_TILES = BN/8`
 /// (stable Rust cannot compute array lengths from const parameters, so the entry macro passes
@@ -67,6 +68,7 @@ struct StepTiles<const BM: usize, const BN: usize, const PITCH: usize> {
 #[inline(always)]
 pub unsafe fn flash_fwd<
     E: Elem,
+    M: AttnMask,
     const D: usize,
     const PITCH: usize,
     const BM: usize,
@@ -79,6 +81,7 @@ pub unsafe fn flash_fwd<
     const N_TILES: usize,
 >(
     p: &FwdParams,
+    mask: M,
 ) {
     const {
         assert!(K_STEPS * 16 == D && D_TILES * 8 == D && N_TILES * 8 == BN);
@@ -89,14 +92,9 @@ pub unsafe fn flash_fwd<
     let lane = tid % 32;
     let pos = FragPos::of(lane);
     let (bx, head, batch) = ptx::ctaid();
-    let mask = CausalMask {
-        seqlen_q: p.seqlen_q,
-        seqlen_k: p.seqlen_k,
-        causal: p.causal(),
-    };
-    // Causal blocks further down have more keys to visit: start them first so the last wave
-    // of the grid holds the short ones.
-    let m_block = if mask.causal {
+    // Blocks whose rows see more keys start first, so the last wave of the grid holds the
+    // short ones.
+    let m_block = if mask.later_rows_see_more() {
         ptx::nctaid_x() - 1 - bx
     } else {
         bx
@@ -202,9 +200,11 @@ pub unsafe fn flash_fwd<
 }
 
 /// One step of the key loop: the tiles to read and where this thread's rows and keys are.
-struct Step<'a, const BM: usize, const BN: usize, const PITCH: usize, const MT: usize> {
+struct Step<'a, M: AttnMask, const BM: usize, const BN: usize, const PITCH: usize, const MT: usize>
+{
     tiles: StepTiles<BM, BN, PITCH>,
-    mask: &'a CausalMask,
+    /// The score policy (which keys each row sees).
+    mask: &'a M,
     /// `|softmax_scale|·log2(e)` (a negative scale is folded into Q).
     scale_log2: f32,
     /// First row of this warp's m-tiles within the block.
@@ -218,8 +218,8 @@ struct Step<'a, const BM: usize, const BN: usize, const PITCH: usize, const MT: 
     n: u32,
 }
 
-impl<const BM: usize, const BN: usize, const PITCH: usize, const MT: usize>
-    Step<'_, BM, BN, PITCH, MT>
+impl<M: AttnMask, const BM: usize, const BN: usize, const PITCH: usize, const MT: usize>
+    Step<'_, M, BM, BN, PITCH, MT>
 {
     /// `S = Q·Kᵀ`, optional masking, the online-softmax update, and `O += P·V` for key tile
     /// `n`. `MASKED` selects the element-wise mask for diagonal and tail tiles; interior tiles
