@@ -348,7 +348,13 @@ fn long_sequence_memory_is_linear() {
     let (free_after, _) = dev.mem_info().unwrap();
     let used = free_before.saturating_sub(free_after);
     let tensors = 4 * n * 128 * 2 + n * 4;
-    eprintln!("long_sequence_memory_is_linear: N={n} d=128: device memory in use {used} bytes for {tensors} bytes of tensors");
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "long_sequence_memory_is_linear: N={n} d=128: device memory in use after the call {used} bytes, tensors {tensors} bytes"
+        );
+    }
     assert!(
         used <= tensors + (64 << 20),
         "used {used} bytes, tensors are {tensors}"
