@@ -20,7 +20,12 @@ fn inline_asm_only_in_the_ptx_module() {
     let ptx_dir = src.join("device").join("ptx");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
-    assert!(files.len() > 5, "found only {} files under {}", files.len(), src.display());
+    assert!(
+        files.len() > 5,
+        "found only {} files under {}",
+        files.len(),
+        src.display()
+    );
     let offenders: Vec<String> = files
         .iter()
         .filter(|f| !f.starts_with(&ptx_dir))
@@ -30,5 +35,8 @@ fn inline_asm_only_in_the_ptx_module() {
         })
         .map(|f| f.display().to_string())
         .collect();
-    assert!(offenders.is_empty(), "inline asm outside device/ptx/: {offenders:?}");
+    assert!(
+        offenders.is_empty(),
+        "inline asm outside device/ptx/: {offenders:?}"
+    );
 }

@@ -45,8 +45,34 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
         tid: u32,
     ) {
         // Recomputed per call, not hoisted out of the key loop (see `ptx::opaque_u32`).
-        let tid = ptx::opaque_u32(tid);
-        self.for_own_chunks::<COLS, WARPS>(tid, |row, chunk| {
+        let tid = ptx::opaque_u32(tid) as usize;
+        let (threads, chunks_per_row) = (WARPS * 32, COLS / 8);
+        let rows_per_pass = threads / chunks_per_row;
+        let regular = threads % chunks_per_row == 0 && ROWS % rows_per_pass == 0;
+        if regular
+            && rows_valid as usize >= ROWS
+            && ((tid % chunks_per_row) * 8) < cols_valid as usize
+        {
+            // Whole tile, and this thread's column is inside the head dim: each thread copies
+            // one column chunk of every `rows_per_pass`-th row. Consecutive copies differ by a
+            // constant in both addresses (the swizzle repeats every 8 rows), so each costs
+            // one 64-bit add.
+            let (row, chunk) = (tid / chunks_per_row, tid % chunks_per_row);
+            let mut from = src.add(row * row_stride as usize + chunk * 8);
+            let pass = rows_per_pass * row_stride as usize;
+            for i in 0..ROWS / rows_per_pass {
+                let r = row + i * rows_per_pass;
+                let dst = if rows_per_pass % 8 == 0 {
+                    self.chunk_addr(row, chunk) + (i * rows_per_pass * PITCH * 2) as u32
+                } else {
+                    self.chunk_addr(r, chunk)
+                };
+                ptx::cp_async_cg_16(dst, from as *const u8, 16);
+                from = from.add(pass);
+            }
+            return;
+        }
+        self.for_own_chunks::<COLS, WARPS>(tid as u32, |row, chunk| {
             let col = (chunk * 8) as u32;
             let valid = (row as u32) < rows_valid && col < cols_valid;
             let from = if valid {
