@@ -10,6 +10,7 @@ Usage: bench_torch.py ours.json merged.json [--reps N]
 """
 import json
 import statistics
+import subprocess
 import sys
 
 import torch
@@ -52,6 +53,13 @@ def main():
     rows = json.load(open(src))
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
     gen = torch.Generator(device="cuda").manual_seed(0)
+    try:
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()[0]
+    except Exception:  # no nvidia-smi: leave the driver out
+        driver = None
     for row in rows:
         b, n, h, d = row["b"], row["n"], row["h"], row["d"]
         dt = dtypes[row["dtype"]]
@@ -74,6 +82,8 @@ def main():
         flash = row.get("torch_flash_tflops")
         row["ratio_vs_flash"] = row["ours_tflops"] / flash if flash else None
         row["torch_version"] = torch.__version__
+        if driver and not row.get("driver"):
+            row["driver"] = driver
         del q, k, v
     json.dump(rows, open(dst, "w"), indent=1)
     hdr = f"{'dtype':<5} {'d':>4} {'n':>6} {'causal':<6} {'ours':>7} {'flash':>7} {'cudnn':>7} {'effic':>7} {'ours/flash':>10}"
