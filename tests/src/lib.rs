@@ -26,6 +26,9 @@ impl Magnitude {
     pub fn std_dev(self, head_dim: usize, scale: f32) -> f32 {
         match self {
             Magnitude::Normal => 1.0,
+            // With a zero scale every score is 0 whatever the inputs: large inputs would only
+            // overflow the 16-bit naive yardstick.
+            Magnitude::Large if scale == 0.0 => 1.0,
             Magnitude::Large => {
                 // std(scale·q·k) = σ²·|scale|·√d for independent N(0, σ²) entries
                 let per_unit = scale.abs().max(1e-3) * (head_dim as f32).sqrt();

@@ -202,7 +202,7 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, bool, Option<f32>, 
         any::<u64>(),
         shape_strategy(),
         any::<bool>(),
-        prop::sample::select(vec![None, Some(0.3f32), Some(-0.25)]),
+        prop::sample::select(vec![None, Some(0.3f32), Some(-0.25), Some(0.0)]),
         prop::sample::select(vec![Magnitude::Normal, Magnitude::Large]),
         prop::sample::select(vec![
             Layout::Contiguous,
