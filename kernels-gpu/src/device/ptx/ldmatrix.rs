@@ -4,42 +4,39 @@
 
 use core::arch::asm;
 
-/// Four 8×8 matrices, not transposed: lane `l` gets row `l / 4`, columns `2·(l % 4)` and `+1`
-/// of each matrix.
-///
-/// # Safety
-/// All 32 lanes execute it together, each with a 16-byte aligned shared address of a row that
-/// the block wrote and synchronised before.
-#[inline(always)]
-pub unsafe fn ldmatrix_x4(addr: u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    asm!(
-        "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {{{a}, {b}, {c}, {d}}}, [{addr}];",
-        a = out(reg32) a,
-        b = out(reg32) b,
-        c = out(reg32) c,
-        d = out(reg32) d,
-        addr = in(reg32) addr,
-        options(nostack)
-    );
-    [a, b, c, d]
+macro_rules! ldmatrix_x4 {
+    ($(#[$doc:meta])* $name:ident, $suffix:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// All 32 lanes execute it together, each with a 16-byte aligned shared address of a
+        /// row that the block wrote and synchronised before.
+        #[inline(always)]
+        pub unsafe fn $name(addr: u32) -> [u32; 4] {
+            let (a, b, c, d): (u32, u32, u32, u32);
+            asm!(
+                concat!("ldmatrix.sync.aligned.m8n8.x4", $suffix, ".shared.b16 {{{a}, {b}, {c}, {d}}}, [{addr}];"),
+                a = out(reg32) a,
+                b = out(reg32) b,
+                c = out(reg32) c,
+                d = out(reg32) d,
+                addr = in(reg32) addr,
+                options(nostack)
+            );
+            [a, b, c, d]
+        }
+    };
 }
 
-/// Four 8×8 matrices, transposed: lane `l` gets rows `2·(l % 4)` and `+1` of column `l / 4`.
-///
-/// # Safety
-/// As [`ldmatrix_x4`].
-#[inline(always)]
-pub unsafe fn ldmatrix_x4_trans(addr: u32) -> [u32; 4] {
-    let (a, b, c, d): (u32, u32, u32, u32);
-    asm!(
-        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {{{a}, {b}, {c}, {d}}}, [{addr}];",
-        a = out(reg32) a,
-        b = out(reg32) b,
-        c = out(reg32) c,
-        d = out(reg32) d,
-        addr = in(reg32) addr,
-        options(nostack)
-    );
-    [a, b, c, d]
-}
+ldmatrix_x4!(
+    /// Four 8×8 matrices, not transposed: lane `l` gets row `l / 4`, columns `2·(l % 4)` and
+    /// `+1` of each matrix.
+    ldmatrix_x4,
+    ""
+);
+ldmatrix_x4!(
+    /// Four 8×8 matrices, transposed: lane `l` gets rows `2·(l % 4)` and `+1` of column
+    /// `l / 4`.
+    ldmatrix_x4_trans,
+    ".trans"
+);
