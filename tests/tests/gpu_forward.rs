@@ -20,19 +20,19 @@ use std::sync::OnceLock;
 /// The shared device, or `None` (after a loud message) when there is none.
 fn device() -> Option<&'static Device> {
     static DEV: OnceLock<Option<Device>> = OnceLock::new();
-    DEV.get_or_init(|| match Device::new(0) {
-        Ok(d) => {
+    DEV.get_or_init(|| match timed(|| Device::new(0)) {
+        (Ok(d), load_time) => {
             use std::io::Write;
             let _ = writeln!(
                 std::io::stderr(),
-                "GPU tests on {} (compute capability {:?}, PTX {})",
+                "GPU tests on {} (compute capability {:?}, PTX {}, Device::new took {load_time:.2?})",
                 d.name().unwrap_or_default(),
                 d.compute_capability(),
                 d.ptx_arch()
             );
             Some(d)
         }
-        Err(e) => {
+        (Err(e), _) => {
             if std::env::var("FLASH_ATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
                 panic!("FLASH_ATTN_REQUIRE_GPU=1 but no usable GPU: {e}");
             }
@@ -52,6 +52,13 @@ fn device() -> Option<&'static Device> {
         });
         None
     })
+}
+
+/// `f()` and how long it took.
+fn timed<R>(f: impl FnOnce() -> R) -> (R, std::time::Duration) {
+    let t0 = std::time::Instant::now();
+    let r = f();
+    (r, t0.elapsed())
 }
 
 /// How an input tensor is laid out in device memory.
