@@ -3,7 +3,8 @@
 //! fails on any spill or stack use (local memory) unless the kernel is allowed below.
 
 use crate::build_ptx::{committed_path, TARGETS};
-use crate::{cmd, toolchain};
+use crate::toolchain;
+use flash_attn_kernels::config::{fwd_tile, Arch};
 use std::process::Command;
 
 /// Kernels allowed to use local memory (none yet).
@@ -18,6 +19,24 @@ struct Usage {
     stack: u32,
     spill_stores: u32,
     spill_loads: u32,
+    /// Static shared memory (ptxas `N bytes smem`).
+    smem: u32,
+}
+
+/// Dynamic shared memory a kernel is launched with: the tile table of its target, read from
+/// the kernel crate (as the host does).
+fn dynamic_smem(kernel: &str, target: &str) -> usize {
+    let arch = if target == "flash_attn_sm90a" {
+        Arch::Sm90a
+    } else {
+        Arch::Sm80
+    };
+    kernel
+        .rsplit_once("_d")
+        .filter(|_| kernel.starts_with("flash_fwd_"))
+        .and_then(|(_, d)| d.parse().ok())
+        .and_then(|d| fwd_tile(arch, d))
+        .map_or(0, |t| t.smem_bytes())
 }
 
 /// Checks the committed PTX files.
@@ -42,29 +61,30 @@ pub fn report_committed() -> Result<(), String> {
                     path.display()
                 ));
             }
-            all.extend(parse(&text, arch));
+            all.extend(parse(&text, arch).into_iter().map(|u| (t.name, u)));
         }
     }
     println!(
-        "{:<24} {:<7} {:>5} {:>6} {:>7}",
-        "kernel", "arch", "regs", "stack", "spills"
+        "{:<24} {:<7} {:>5} {:>6} {:>7} {:>6} {:>9}",
+        "kernel", "arch", "regs", "stack", "spills", "smem", "dyn smem"
     );
     let mut bad = Vec::new();
-    for u in &all {
+    for (target, u) in &all {
         println!(
-            "{:<24} {:<7} {:>5} {:>6} {:>7}",
+            "{:<24} {:<7} {:>5} {:>6} {:>7} {:>6} {:>9}",
             u.kernel,
             u.arch,
             u.registers,
             u.stack,
-            u.spill_stores + u.spill_loads
+            u.spill_stores + u.spill_loads,
+            u.smem,
+            dynamic_smem(&u.kernel, target)
         );
         let local = u.stack + u.spill_stores + u.spill_loads > 0;
         if local && !LOCAL_MEMORY_ALLOWED.contains(&u.kernel.as_str()) {
             bad.push(format!("{} on {}", u.kernel, u.arch));
         }
     }
-    let _ = cmd::show;
     if bad.is_empty() {
         println!(
             "ptxas check: {} kernel/arch pairs, no spills, no stack",
@@ -106,6 +126,7 @@ fn parse(text: &str, arch: &str) -> Vec<Usage> {
                 u.spill_stores = num_before(line, "bytes spill stores").unwrap_or(0);
                 u.spill_loads = num_before(line, "bytes spill loads").unwrap_or(0);
             } else if line.contains("Used") && line.contains("registers") {
+                u.smem = num_before(line, "bytes smem").unwrap_or(0);
                 u.registers = line
                     .split("Used")
                     .nth(1)
