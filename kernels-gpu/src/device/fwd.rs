@@ -7,10 +7,12 @@
 //! m = −∞, l = 0, O = 0                         registers
 //! for each visible K/V tile j, last to first:  (masked tiles come first)
 //!     prefetch tile j−1 into the other buffer  cp.async, overlaps this step
-//!     S = Q·Kⱼᵀ · scale·log2(e)                mma.sync m16n8k16, f32 accumulators
+//!     S = Q·Kⱼᵀ                                mma.sync m16n8k16, f32 accumulators
 //!     mask S (diagonal and tail tiles only)
-//!     m' = max(m, rowmax S);  P = 2^(S − m')   online softmax in base 2
-//!     l = 2^(m − m')·l + rowsum P;  O = 2^(m − m')·O
+//!     m' = max(m, c·rowmax S)                  online softmax in base 2, c = scale·log2(e) > 0
+//!                                              (a negative scale is folded into Q)
+//!     P = 2^(c·S − m')                         one FFMA + ex2 per score
+//!     l = 2^(m − m')·l + rowsum P;  O = 2^(m − m')·O   (O skipped when no row max moved)
 //!     O += P·Vⱼ                                P converted to 16 bits in registers: it is
 //!                                              already the A fragment of the next mma
 //! O /= l;  LSE = (m + log2 l)·ln 2             one write of O and LSE per row
