@@ -4,7 +4,7 @@
 
 use crate::build_ptx::{committed_path, TARGETS};
 use crate::toolchain;
-use flash_attn_kernels::config::{fwd_tile, Arch};
+use flash_attn_kernels::config::{fwd_kernel_name, fwd_tile, Arch, COMPILED_HEAD_DIMS};
 use std::process::Command;
 
 /// Kernels allowed to use local memory (none yet).
@@ -24,17 +24,20 @@ struct Usage {
 }
 
 /// Dynamic shared memory a kernel is launched with: the tile table of its target, read from
-/// the kernel crate (as the host does).
+/// the kernel crate (as the host does), with kernels named by `config::fwd_kernel_name`.
 fn dynamic_smem(kernel: &str, target: &str) -> usize {
     let arch = if target == "flash_attn_sm90a" {
         Arch::Sm90a
     } else {
         Arch::Sm80
     };
-    kernel
-        .rsplit_once("_d")
-        .filter(|_| kernel.starts_with("flash_fwd_"))
-        .and_then(|(_, d)| d.parse().ok())
+    COMPILED_HEAD_DIMS
+        .into_iter()
+        .find(|&d| {
+            [false, true]
+                .into_iter()
+                .any(|bf16| fwd_kernel_name(bf16, d) == Some(kernel))
+        })
         .and_then(|d| fwd_tile(arch, d))
         .map_or(0, |t| t.smem_bytes())
 }
