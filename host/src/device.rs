@@ -1,29 +1,37 @@
-//! A CUDA device with its context, stream and the loaded kernel module.
+//! A CUDA device with its context, its stream and the kernels loaded so far.
 
 use crate::error::{FlashError, Result};
-use crate::ptx;
-use cudarc::driver::sys::CUdevice_attribute;
+use crate::kernels;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
-use flash_attn_kernels::config::Arch;
+use cudarc::nvrtc::Ptx;
+use flash_attn_kernels::arch::Arch;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// One GPU, ready to run the kernels: a context, the stream every call of this crate is
-/// enqueued on, and the embedded PTX for the device's architecture, loaded once.
+/// One GPU, ready to run the kernels: a context and the stream every call of this crate is
+/// enqueued on. Kernels are loaded lazily, each on its first launch, as its own module: the
+/// embedded SASS where it runs on this device (no compilation), else the PTX through the
+/// driver's JIT (cached by the driver for later runs).
 pub struct Device {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    module: Arc<CudaModule>,
     compute_capability: (i32, i32),
     arch: Arch,
+    force_ptx: bool,
     max_smem_optin: usize,
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    loaded: Mutex<HashMap<&'static str, Loaded>>,
+}
+
+/// A kernel's module (kept alive as long as its function) and function.
+struct Loaded {
+    _module: Arc<CudaModule>,
+    function: CudaFunction,
 }
 
 /// Number of CUDA devices; an error (not a panic) when the driver library is missing.
 pub fn device_count() -> Result<usize> {
-    // SAFETY: only probes whether libcuda can be loaded.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    if !crate::driver_lib::libcuda_present() {
         return Err(FlashError::NoDevice(
             "the CUDA driver library (libcuda.so) could not be loaded".into(),
         ));
@@ -33,9 +41,10 @@ pub fn device_count() -> Result<usize> {
 }
 
 impl Device {
-    /// Opens device `ordinal` (primary context), creates a stream and loads the kernels for its
-    /// architecture (`FLASH_ATTN_PTX=sm80` forces the sm_80 PTX on newer devices, for testing).
-    /// Fails with [`FlashError::NoDevice`] when there is no driver or no such device, and with
+    /// Opens device `ordinal` (primary context) and creates a stream; loads no kernel yet.
+    /// `FLASH_ATTN_PTX=sm80` forces the sm_80 kernels on newer devices and
+    /// `FLASH_ATTN_JIT=1` the PTX (JIT) path instead of the embedded SASS, for testing. Fails
+    /// with [`FlashError::NoDevice`] when there is no driver or no such device, and with
     /// [`FlashError::UnsupportedDevice`] below compute capability 8.0.
     pub fn new(ordinal: usize) -> Result<Self> {
         let count = device_count()?;
@@ -46,25 +55,25 @@ impl Device {
         }
         let ctx = CudaContext::new(ordinal)?;
         let (major, minor) = ctx.compute_capability()?;
-        let (mut arch, mut src) = ptx::for_compute_capability(major, minor)
+        let mut arch = Arch::for_compute_capability(major, minor)
             .ok_or(FlashError::UnsupportedDevice { major, minor })?;
         // Lets the sm_80 kernels (Ampere/Ada tiles) be tested on a Hopper machine.
         if std::env::var("FLASH_ATTN_PTX").is_ok_and(|v| v == "sm80") {
-            (arch, src) = (Arch::Sm80, ptx::SM80);
+            arch = Arch::Sm80;
         }
+        let force_ptx = std::env::var("FLASH_ATTN_JIT").is_ok_and(|v| v == "1");
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
         let stream = ctx.new_stream()?;
-        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(src))?;
         Ok(Self {
             ctx,
             stream,
-            module,
             compute_capability: (major, minor),
             arch,
+            force_ptx,
             max_smem_optin,
-            functions: Mutex::new(HashMap::new()),
+            loaded: Mutex::new(HashMap::new()),
         })
     }
 
@@ -73,17 +82,20 @@ impl Device {
         self.compute_capability
     }
 
-    /// Which embedded PTX was loaded (`"sm_80"` or `"sm_90a"`).
+    /// Which embedded target the kernels come from (`"sm_80"` or `"sm_90a"`).
     pub fn ptx_arch(&self) -> &'static str {
-        match self.arch {
-            Arch::Sm80 => "sm_80",
-            Arch::Sm90a => "sm_90a",
-        }
+        self.arch.info().cpu
     }
 
-    /// The PTX target loaded (selects the kernels' tile shapes).
+    /// The target whose kernels run here (selects the tile shapes).
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// Whether kernels load as embedded SASS (`true`) or through the driver's PTX JIT.
+    pub fn uses_sass(&self) -> bool {
+        let (major, minor) = self.compute_capability;
+        !self.force_ptx && self.arch.sass_runs_on(major, minor)
     }
 
     /// The device's name.
@@ -116,7 +128,8 @@ impl Device {
         self.max_smem_optin
     }
 
-    /// A kernel of the loaded module, with its dynamic shared-memory limit raised to `smem`.
+    /// Kernel `name`, loaded on first use, with its dynamic shared-memory limit raised to
+    /// `smem`.
     pub(crate) fn function(&self, name: &'static str, smem: usize) -> Result<CudaFunction> {
         if smem > self.max_smem_optin {
             return Err(FlashError::UnsupportedDevice {
@@ -124,18 +137,36 @@ impl Device {
                 minor: self.compute_capability.1,
             });
         }
-        let mut map = self.functions.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = map.get(name) {
-            return Ok(f.clone());
+        let mut map = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = map.get(name) {
+            return Ok(k.function.clone());
         }
-        let f = self.module.load_function(name)?;
+        let code = kernels::code(self.arch, name).ok_or_else(|| {
+            FlashError::Internal(format!("kernel {name} is not embedded for {:?}", self.arch))
+        })?;
+        let module = if self.uses_sass() {
+            // A driver too old for the cubin's ELF version refuses it: fall back to the PTX.
+            match self.ctx.load_module(Ptx::from_binary(code.sass.to_vec())) {
+                Ok(m) => m,
+                Err(_) => self.ctx.load_module(Ptx::from_src(code.ptx))?,
+            }
+        } else {
+            self.ctx.load_module(Ptx::from_src(code.ptx))?
+        };
+        let function = module.load_function(name)?;
         if smem > 48 * 1024 {
-            f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            function.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 smem as i32,
             )?;
         }
-        map.insert(name, f.clone());
-        Ok(f)
+        map.insert(
+            name,
+            Loaded {
+                _module: module,
+                function: function.clone(),
+            },
+        );
+        Ok(function)
     }
 }

@@ -32,8 +32,11 @@ pub enum FlashError {
     /// A tensor's layout (strides, contiguity, offset) is not accepted.
     #[error("layout not supported: {0}")]
     Layout(String),
-    /// The head dim is 0 or above 256.
-    #[error("unsupported head dim {0} (1..=256 is supported)")]
+    /// The GPU kernels do not cover the head dim (they take 1..=256; the CPU backend takes any
+    /// head dim ≥ 1, and a head dim of 0 is a [`FlashError::Shape`] error on every path).
+    #[error(
+        "unsupported head dim {0} on the GPU (1..=256 is supported; the CPU backend takes any)"
+    )]
     HeadDim(usize),
     /// `heads_q` is not a multiple of `heads_kv`.
     #[error("GQA: {heads_q} query heads is not a multiple of {heads_kv} key/value heads")]
@@ -46,13 +49,21 @@ pub enum FlashError {
     /// A parameter value is invalid (softmax scale not finite, ...).
     #[error("invalid parameter: {0}")]
     Param(String),
-    /// A size does not fit the kernels' 32-bit counters (sequence lengths, heads, batch).
+    /// A size does not fit the kernels' 32-bit counters (sequence lengths, heads, batch), or
+    /// the byte size of an output or temporary overflows `usize`/`isize`.
     #[error("size too large: {0}")]
     TooLarge(String),
+    /// Host memory for an output or a temporary of the CPU backend could not be allocated.
+    #[error("host allocation failed: {0}")]
+    Alloc(String),
     /// Tensors live on different devices or contexts.
     #[error("device mismatch: {0}")]
     DeviceMismatch(String),
     /// Reading or writing a tensor file failed.
     #[error("I/O: {0}")]
     Io(String),
+    /// The library itself is inconsistent (a kernel the registry names is not embedded): a
+    /// build problem, not the caller's.
+    #[error("internal error: {0}")]
+    Internal(String),
 }

@@ -7,12 +7,13 @@
 
 pub mod cpu;
 pub mod device;
+mod driver_lib;
 pub mod dtype;
 pub mod error;
 mod fwd;
+pub mod kernels;
 mod launch;
 pub mod params;
-mod ptx;
 pub mod shape;
 pub mod tensor;
 pub mod timing;

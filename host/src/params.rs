@@ -1,8 +1,19 @@
-//! Options of an attention call.
+//! Options of an attention call, and the softmax-scale constants every backend uses.
 
 use crate::error::{FlashError, Result};
 
 /// Options of [`crate::flash_attn`] and the CPU backend.
+///
+/// # Non-finite inputs
+///
+/// NaN in, NaN out, on every backend: a query row whose scores over its visible keys include a
+/// NaN (from NaN in its Q row or in a visible K row, or ±∞·0 in the dot product), whose largest
+/// visible score is +∞ (∞ − ∞ in the softmax), or whose visible scores are all −∞, gets NaN in
+/// its O row and its LSE. Scaled scores beyond the f32 range overflow to ±∞ and follow the same
+/// rule, like a naive f32 softmax. A non-finite value in a visible V row reaches the O row by
+/// IEEE arithmetic (NaN, or ±∞). Keys hidden by the mask are never read for the row, and a row
+/// with no visible key at all (possible with causal masking and `seqlen_q > seqlen_k`) gets
+/// O = 0 and LSE = −∞: only such a row does.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct AttnParams {
     /// Causal masking, aligned to the bottom-right corner when `seqlen_q != seqlen_k`: query
@@ -13,15 +24,75 @@ pub struct AttnParams {
 }
 
 impl AttnParams {
-    /// The scale to use for a head dim, checked to be finite.
+    /// The scale to use for a head dim: `softmax_scale`, or `1/√head_dim` by default. Errors
+    /// ([`FlashError::Param`]) when it is not finite or when `scale·log2 e` overflows f32
+    /// (`|scale|` ≳ 2.4e38), so that every backend accepts the same scales.
     pub fn scale(&self, head_dim: usize) -> Result<f32> {
-        let s = self.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt());
-        if s.is_finite() {
-            Ok(s)
-        } else {
-            Err(FlashError::Param(format!(
-                "softmax_scale must be finite, got {s}"
-            )))
+        Ok(self.softmax_scales(head_dim)?.0)
+    }
+
+    /// `scale·log2 e`, the constant by which the tiled backends (GPU kernels and CPU) multiply
+    /// `Q·Kᵀ` so that the softmax runs on `exp2`; checked like [`AttnParams::scale`].
+    pub fn scale_log2(&self, head_dim: usize) -> Result<f32> {
+        Ok(self.softmax_scales(head_dim)?.1)
+    }
+
+    /// The one place the scale and `scale·log2 e` are computed (the product in f64, rounded
+    /// once to f32).
+    fn softmax_scales(&self, head_dim: usize) -> Result<(f32, f32)> {
+        let scale = self
+            .softmax_scale
+            .unwrap_or_else(|| 1.0 / (head_dim as f32).sqrt());
+        if !scale.is_finite() {
+            return Err(FlashError::Param(format!(
+                "softmax_scale must be finite, got {scale}"
+            )));
         }
+        let scale_log2 = (f64::from(scale) * std::f64::consts::LOG2_E) as f32;
+        if !scale_log2.is_finite() {
+            return Err(FlashError::Param(format!(
+                "softmax_scale {scale} is too large: scale·log2(e) overflows f32"
+            )));
+        }
+        Ok((scale, scale_log2))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_scale_is_inverse_sqrt_head_dim() {
+        let p = AttnParams::default();
+        assert_eq!(p.scale(64).unwrap(), 0.125);
+        assert_eq!(
+            p.scale_log2(64).unwrap(),
+            (0.125 * std::f64::consts::LOG2_E) as f32
+        );
+    }
+
+    #[test]
+    fn huge_or_non_finite_scales_are_param_errors() {
+        for s in [
+            f32::NAN,
+            f32::INFINITY,
+            -f32::INFINITY,
+            2.4e38,
+            -3e38,
+            f32::MAX,
+        ] {
+            let p = AttnParams {
+                causal: false,
+                softmax_scale: Some(s),
+            };
+            assert!(matches!(p.scale(8), Err(FlashError::Param(_))), "{s}");
+            assert!(matches!(p.scale_log2(8), Err(FlashError::Param(_))), "{s}");
+        }
+        let p = AttnParams {
+            causal: false,
+            softmax_scale: Some(2.3e38),
+        };
+        assert!(p.scale_log2(8).unwrap().is_finite());
     }
 }

@@ -3,7 +3,8 @@
 //! Q is `[batch, seqlen_q, heads_q, head_dim]`, K and V are `[batch, seqlen_k, heads_kv,
 //! head_dim]`, O has Q's shape and LSE is `[batch, heads_q, seqlen_q]`. [`check_shapes`] turns
 //! the three input shapes into an [`AttnShape`] or a typed error; backend-specific limits (the
-//! GPU's head dim ≤ 256, layouts) are checked by the backends themselves.
+//! GPU's head dim ≤ 256, layouts) are checked by the backends themselves, and so are the byte
+//! sizes of outputs (the CPU backend allocates fallibly, see [`crate::cpu`]).
 
 use crate::error::{FlashError, Result};
 
@@ -74,9 +75,9 @@ impl AttnShape {
 /// Validates the shapes of Q, K and V and returns the sizes of the call.
 ///
 /// Errors: [`FlashError::Shape`] when K and V differ, when the batch or head dim of Q and K
-/// differ, or when the batch, a sequence or the query heads are empty;
-/// [`FlashError::HeadDim`] for `d == 0`; [`FlashError::GqaRatio`] when `Hkv == 0` or
-/// `Hq % Hkv != 0`; [`FlashError::TooLarge`] for a size above [`MAX_DIM`].
+/// differ, or when the head dim, the batch, a sequence length or a head count is 0;
+/// [`FlashError::GqaRatio`] when `Hq % Hkv != 0`; [`FlashError::TooLarge`] for a size above
+/// [`MAX_DIM`].
 pub fn check_shapes(q: &[usize; 4], k: &[usize; 4], v: &[usize; 4]) -> Result<AttnShape> {
     let [batch, seqlen_q, heads_q, head_dim] = *q;
     let [batch_k, seqlen_k, heads_kv, head_dim_k] = *k;
@@ -96,15 +97,24 @@ pub fn check_shapes(q: &[usize; 4], k: &[usize; 4], v: &[usize; 4]) -> Result<At
         )));
     }
     if head_dim == 0 {
-        return Err(FlashError::HeadDim(0));
-    }
-    if heads_kv == 0 || heads_q % heads_kv != 0 {
-        return Err(FlashError::GqaRatio { heads_q, heads_kv });
-    }
-    if batch == 0 || seqlen_q == 0 || seqlen_k == 0 || heads_q == 0 {
         return Err(FlashError::Shape(format!(
-            "empty batch: Q {q:?}, K {k:?} (batch, sequence lengths and heads must be ≥ 1)"
+            "head dim is 0 (Q {q:?}): it must be ≥ 1"
         )));
+    }
+    let empty = [
+        ("batch", batch),
+        ("seqlen_q", seqlen_q),
+        ("seqlen_k", seqlen_k),
+        ("heads_q", heads_q),
+        ("heads_kv", heads_kv),
+    ];
+    if let Some((name, _)) = empty.into_iter().find(|&(_, n)| n == 0) {
+        return Err(FlashError::Shape(format!(
+            "{name} is 0 (Q {q:?}, K {k:?}): batch, sequence lengths and heads must be ≥ 1"
+        )));
+    }
+    if heads_q % heads_kv != 0 {
+        return Err(FlashError::GqaRatio { heads_q, heads_kv });
     }
     let sizes = [
         ("batch", batch),
@@ -167,7 +177,7 @@ mod tests {
         ));
         assert!(matches!(
             shape([1, 4, 1, 0], [1, 4, 1, 0], [1, 4, 1, 0]),
-            Err(FlashError::HeadDim(0))
+            Err(FlashError::Shape(m)) if m.contains("head dim is 0")
         ));
         assert!(matches!(
             shape([1, 4, 3, 8], [1, 4, 2, 8], [1, 4, 2, 8]),
@@ -175,7 +185,11 @@ mod tests {
         ));
         assert!(matches!(
             shape([1, 4, 1, 8], [1, 4, 0, 8], [1, 4, 0, 8]),
-            Err(FlashError::GqaRatio { .. })
+            Err(FlashError::Shape(m)) if m.contains("heads_kv is 0")
+        ));
+        assert!(matches!(
+            shape([1, 4, 0, 8], [1, 4, 0, 8], [1, 4, 0, 8]),
+            Err(FlashError::Shape(m)) if m.contains("heads_q is 0")
         ));
         assert!(matches!(
             shape([0, 4, 1, 8], [0, 4, 1, 8], [0, 4, 1, 8]),

@@ -2,8 +2,9 @@
 //!
 //! This crate compiles two ways:
 //! - for the host (any target): only the plain-Rust parts that both sides must agree on — the
-//!   `#[repr(C)]` launch parameters ([`params`]), the tile configuration per head dim
-//!   ([`config`]), the shared-memory swizzle ([`swizzle`]) and the mask / tile-range policy
+//!   kernel registry ([`registry`]: every kernel, its tiles per target) and the targets
+//!   ([`arch`]), the `#[repr(C)]` launch parameters ([`params`]), tile shapes ([`config`]),
+//!   the block information ([`block`]), the shared-memory swizzle ([`swizzle`]) and the masks
 //!   ([`mask`]). The host crate links these, so there is exactly one definition of each.
 //! - for `nvptx64-nvidia-cuda` (through `cargo xtask build-ptx`): additionally the kernels, with
 //!   every inline-PTX instruction wrapped once in the private `ptx` module.
@@ -13,9 +14,12 @@
     feature(abi_ptx, asm_experimental_arch, stdarch_nvptx)
 )]
 
+pub mod arch;
+pub mod block;
 pub mod config;
 pub mod mask;
 pub mod params;
+pub mod registry;
 pub mod swizzle;
 
 #[cfg(target_arch = "nvptx64")]

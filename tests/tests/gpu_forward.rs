@@ -220,8 +220,16 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, bool, Option<f32>, 
     )
 }
 
+/// Random cases per GPU property test: `FLASH_ATTN_GPU_CASES`, 64 when unset.
+fn gpu_cases() -> u32 {
+    std::env::var("FLASH_ATTN_GPU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: gpu_cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn forward_f16_matches_reference((seed, shape, causal, scale, mag, layout) in case_strategy()) {
@@ -238,11 +246,15 @@ proptest! {
     }
 }
 
-/// Every compiled head dim and both dtypes, causal and not, at sizes that span several tiles.
+/// Every forward kernel of the registry (both dtypes), causal and not, at sizes that span
+/// several tiles.
 #[test]
 fn every_kernel_instantiation() {
     let Some(dev) = device() else { return };
-    for d in [32, 64, 96, 128, 256] {
+    for d in flash_attn_kernels::registry::FWD_KERNELS
+        .iter()
+        .map(|k| k.head_dim)
+    {
         for causal in [false, true] {
             let shape = AttnShape {
                 batch: 2,
@@ -537,5 +549,75 @@ fn indexing_past_two_to_the_31_elements() {
             (reference.0.view(), reference.1.view()),
         )
         .unwrap_or_else(|e| panic!("batch {b}: {e}"));
+    }
+}
+
+/// NaN in, NaN out, on the GPU as on the CPU: a NaN in a Q row makes that row's O and LSE NaN;
+/// a NaN in a K row makes every row that sees that key NaN; +∞ in Q makes its row NaN; a row
+/// whose visible scores are all −∞ is NaN, not a masked row; rows that see no key stay
+/// O = 0, LSE = −∞.
+#[test]
+fn non_finite_inputs_propagate_and_never_look_masked() {
+    let Some(dev) = device() else { return };
+    let shape = AttnShape {
+        batch: 1,
+        seqlen_q: 150,
+        seqlen_k: 100,
+        heads_q: 2,
+        heads_kv: 1,
+        head_dim: 64,
+    };
+    let params = AttnParams {
+        causal: true,
+        softmax_scale: None,
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let (mut q, mut k, v) = random_qkv::<f16>(&mut rng, &shape, Magnitude::Normal, 0.125);
+    let first_seen = shape.seqlen_q - shape.seqlen_k; // rows before it see no key
+    let nan_q_row = first_seen + 20;
+    q[[0, nan_q_row, 0, 5]] = f16::NAN;
+    q[[0, first_seen + 30, 1, 0]] = f16::INFINITY;
+    // Row first_seen + 40 of head 1 sees keys 0..=40; make all its scores −∞: q = −∞ in one
+    // dim and k > 0 there for every key (set below), the other dims zero.
+    let inf_row = first_seen + 40;
+    for c in 0..shape.head_dim {
+        q[[0, inf_row, 1, c]] = f16::ZERO;
+    }
+    q[[0, inf_row, 1, 7]] = f16::NEG_INFINITY;
+    for j in 0..shape.seqlen_k {
+        k[[0, j, 0, 7]] = f16::from_f32(0.5 + (j % 3) as f32 * 0.25);
+    }
+    let nan_key = 60; // seen by rows ≥ first_seen + 60
+    k[[0, nan_key, 0, 3]] = f16::NAN;
+    let up = |a: &Array4<f16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
+    let (o, lse) = flash_attn(dev, &up(&q), &up(&k), &up(&v), &params).unwrap();
+    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
+    let (cpu_o, cpu_lse) = attention_naive(q.view(), k.view(), v.view(), &params).unwrap();
+    for h in 0..shape.heads_q {
+        for i in 0..shape.seqlen_q {
+            let row_nan = o.slice(ndarray::s![0, i, h, ..]).iter().any(|x| x.is_nan());
+            let cpu_row_nan = cpu_o
+                .slice(ndarray::s![0, i, h, ..])
+                .iter()
+                .any(|x| x.is_nan());
+            let expect_nan = i >= first_seen + nan_key
+                || (h == 0 && i == nan_q_row)
+                || (h == 1 && (i == first_seen + 30 || i == inf_row));
+            assert_eq!(row_nan, expect_nan, "O row {i} head {h}");
+            assert_eq!(lse[[0, h, i]].is_nan(), expect_nan, "LSE row {i} head {h}");
+            assert_eq!(cpu_row_nan, expect_nan, "CPU O row {i} head {h}");
+            assert_eq!(
+                cpu_lse[[0, h, i]].is_nan(),
+                expect_nan,
+                "CPU LSE row {i} head {h}"
+            );
+            if i < first_seen {
+                assert_eq!(lse[[0, h, i]], f32::NEG_INFINITY, "masked row {i}");
+                assert!(o
+                    .slice(ndarray::s![0, i, h, ..])
+                    .iter()
+                    .all(|x| x.to_f32() == 0.0));
+            }
+        }
     }
 }

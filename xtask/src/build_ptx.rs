@@ -1,93 +1,250 @@
-//! `cargo xtask build-ptx [--check]`.
+//! `cargo xtask build-ptx [--check]`: builds every kernel of the registry for every target of
+//! `flash_attn_kernels::arch::ARCHS` and writes, under `host/kernels/<arch>/`, one PTX file and
+//! one SASS cubin (compiled offline by the pinned `ptxas`) per kernel, plus the host's index
+//! `host/kernels/index.rs`. Every generated file starts with the toolchain that made it.
+//! `--check` rebuilds into `target/` and compares every file byte for byte.
 
 use crate::{cmd, ptx_link, ptxas, toolchain};
+use flash_attn_kernels::arch::{ArchInfo, ARCHS};
+use flash_attn_kernels::registry::ALL_KERNELS;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-/// One PTX build: a file name under `host/ptx/`, the `target-cpu`, and target features.
-pub struct PtxTarget {
-    /// File stem under `host/ptx/`.
-    pub name: &'static str,
-    /// `-C target-cpu`.
-    pub cpu: &'static str,
-    /// `-C target-feature` (empty for none).
-    pub features: &'static str,
-    /// Value of `--cfg flash_arch` (selects the tile table in `flash_attn_kernels::config`).
-    pub cfg: &'static str,
-    /// Architectures `ptxas` checks this PTX for.
-    pub ptxas_archs: &'static [&'static str],
-}
-
-/// Every PTX the host embeds. sm_80 PTX runs on Ampere, Ada and Hopper (the driver compiles it
-/// for the device); sm_90a is for Hopper-only instructions.
-pub const TARGETS: [PtxTarget; 2] = [
-    PtxTarget {
-        name: "flash_attn_sm80",
-        cpu: "sm_80",
-        features: "",
-        cfg: "sm80",
-        ptxas_archs: &["sm_80", "sm_86", "sm_89", "sm_90"],
-    },
-    PtxTarget {
-        name: "flash_attn_sm90a",
-        cpu: "sm_90a",
-        features: "+ptx80",
-        cfg: "sm90a",
-        ptxas_archs: &["sm_90a"],
-    },
-];
 
 /// LLVM's default full-unroll threshold leaves some fragment loops rolled, which moves the
 /// register tiles to local memory; the kernels' loops all have small constant trip counts.
 const UNROLL_THRESHOLD: &str = "-unroll-threshold=2000";
 
-/// Committed location of a target's PTX.
-pub fn committed_path(t: &PtxTarget) -> PathBuf {
-    cmd::repo_root()
-        .join("host/ptx")
-        .join(format!("{}.ptx", t.name))
+/// Where the generated kernel files live.
+pub fn kernels_root() -> PathBuf {
+    cmd::repo_root().join("host/kernels")
 }
 
-/// Builds every target; writes the PTX (or, with `check`, compares it with the committed
-/// files); then runs the ptxas check.
+/// Committed PTX of `kernel` for `arch`.
+pub fn ptx_path(arch: &ArchInfo, kernel: &str) -> PathBuf {
+    kernels_root().join(arch.name).join(format!("{kernel}.ptx"))
+}
+
+/// Committed SASS of `kernel` for `arch`.
+pub fn cubin_path(arch: &ArchInfo, kernel: &str) -> PathBuf {
+    kernels_root()
+        .join(arch.name)
+        .join(format!("{kernel}.cubin"))
+}
+
+/// Builds every target; writes the generated files (or, with `check`, compares them with the
+/// committed ones); reports the ptxas resource use and fails on spills or stack.
 pub fn run(check: bool) -> Result<(), String> {
     let tc = toolchain::ensure()?;
-    eprintln!(
-        "kernel toolchain: {} (rustc {})",
-        tc.origin,
-        tc.rustc.display()
-    );
+    let ptxas = toolchain::ptxas()?;
+    let identity = toolchain::identity(&tc, &ptxas)?;
+    eprintln!("kernel toolchain: {} ({identity})", tc.origin);
     let root = cmd::repo_root();
-    let mut stale = Vec::new();
-    for t in &TARGETS {
-        let ptx = build_target(&tc, t, &root)?;
-        check_no_paths(&ptx, t.name)?;
-        let dest = committed_path(t);
-        if check {
-            let committed = std::fs::read_to_string(&dest).unwrap_or_default();
-            if committed != ptx {
-                stale.push(dest.display().to_string());
-            } else {
-                eprintln!("{}: identical to the committed PTX", dest.display());
+    // Generated files by path: (text or bytes) as rebuilt now.
+    let mut files: BTreeMap<PathBuf, Vec<u8>> = BTreeMap::new();
+    let mut usages = Vec::new();
+    for arch in &ARCHS {
+        let built = build_target(&tc, arch, &root)?;
+        let scratch = root.join("target/ptx").join(arch.name).join("cubin");
+        std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+        for k in ALL_KERNELS {
+            let body = built
+                .get(k.name)
+                .ok_or_else(|| format!("{}: kernel {} was not built", arch.name, k.name))?;
+            let ptx = format!("{}{body}", header("//", &identity));
+            check_no_paths(&ptx, k.name)?;
+            let tmp_ptx = scratch.join(format!("{}.ptx", k.name));
+            std::fs::write(&tmp_ptx, &ptx).map_err(|e| e.to_string())?;
+            let tmp_cubin = scratch.join(format!("{}.cubin", k.name));
+            let smem = k.dyn_smem[arch.arch.index()];
+            usages.push(ptxas::compile(
+                &ptxas,
+                &tmp_ptx,
+                arch.sass,
+                Some(&tmp_cubin),
+                k,
+                smem,
+            )?);
+            for check_arch in arch.ptxas_check {
+                usages.push(ptxas::compile(&ptxas, &tmp_ptx, check_arch, None, k, smem)?);
             }
-        } else {
-            std::fs::create_dir_all(dest.parent().unwrap()).map_err(|e| e.to_string())?;
-            std::fs::write(&dest, &ptx).map_err(|e| format!("{}: {e}", dest.display()))?;
-            eprintln!("wrote {} ({} bytes)", dest.display(), ptx.len());
+            let cubin = std::fs::read(&tmp_cubin).map_err(|e| e.to_string())?;
+            files.insert(ptx_path(arch, k.name), ptx.into_bytes());
+            files.insert(cubin_path(arch, k.name), cubin);
         }
     }
-    ptxas::report_committed()?;
-    if !stale.is_empty() {
-        return Err(format!(
-            "committed PTX is stale or not reproducible: {} (run `cargo xtask build-ptx` and commit)",
-            stale.join(", ")
-        ));
+    files.insert(
+        kernels_root().join("index.rs"),
+        index(&identity).into_bytes(),
+    );
+    ptxas::print_report(&usages)?;
+    if check {
+        compare(&files, &identity)
+    } else {
+        write(&files)
     }
+}
+
+/// The first lines of every generated text file: what made it.
+fn header(comment: &str, identity: &str) -> String {
+    format!(
+        "{comment} @generated by `cargo xtask build-ptx` from kernels-gpu/: do not edit.\n\
+         {comment} toolchain: {identity}\n"
+    )
+}
+
+/// The host's table of embedded kernels: `(arch, kernel, PTX, SASS)` for every pair.
+fn index(identity: &str) -> String {
+    let mut s = header("//", identity);
+    s.push_str(
+        "\n/// Every embedded kernel: (target name, kernel name, PTX, SASS cubin).\n\
+         pub(crate) static EMBEDDED: &[(&str, &str, &str, &[u8])] = &[\n",
+    );
+    for arch in &ARCHS {
+        for k in ALL_KERNELS {
+            s.push_str(&format!(
+                "    (\n        \"{a}\",\n        \"{k}\",\n        include_str!(\"{a}/{k}.ptx\"),\n        include_bytes!(\"{a}/{k}.cubin\"),\n    ),\n",
+                a = arch.name,
+                k = k.name
+            ));
+        }
+    }
+    s.push_str("];\n");
+    s
+}
+
+/// Writes the generated files and removes kernel files the registry no longer has.
+fn write(files: &BTreeMap<PathBuf, Vec<u8>>) -> Result<(), String> {
+    for (path, bytes) in files {
+        std::fs::create_dir_all(path.parent().unwrap()).map_err(|e| e.to_string())?;
+        std::fs::write(path, bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    for stale in existing_files()?
+        .into_iter()
+        .filter(|p| !files.contains_key(p))
+    {
+        eprintln!("removing {} (no longer in the registry)", stale.display());
+        std::fs::remove_file(&stale).map_err(|e| e.to_string())?;
+    }
+    let total: usize = files.values().map(Vec::len).sum();
+    eprintln!(
+        "wrote {} files under {} ({:.1} MiB)",
+        files.len(),
+        kernels_root().display(),
+        total as f64 / (1 << 20) as f64
+    );
     Ok(())
 }
 
-/// Runs the nested kernel build for one target and returns the PTX text.
-fn build_target(tc: &toolchain::Toolchain, t: &PtxTarget, root: &Path) -> Result<String, String> {
+/// Every file now under `host/kernels/`.
+fn existing_files() -> Result<Vec<PathBuf>, String> {
+    let mut out = Vec::new();
+    let root = kernels_root();
+    if !root.exists() {
+        return Ok(out);
+    }
+    let mut dirs = vec![root];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).map_err(|e| format!("{}: {e}", d.display()))? {
+            let p = e.map_err(|e| e.to_string())?.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `--check`: every generated file equals the committed one, and nothing else is there. When
+/// files differ and they were made by another toolchain, says so rather than "stale".
+fn compare(files: &BTreeMap<PathBuf, Vec<u8>>, identity: &str) -> Result<(), String> {
+    let mut differ = Vec::new();
+    for (path, bytes) in files {
+        if std::fs::read(path).ok().as_deref() != Some(bytes.as_slice()) {
+            differ.push(path.clone());
+        }
+    }
+    let extra: Vec<PathBuf> = existing_files()?
+        .into_iter()
+        .filter(|p| !files.contains_key(p))
+        .collect();
+    if differ.is_empty() && extra.is_empty() {
+        eprintln!(
+            "{} generated files identical to the committed ones",
+            files.len()
+        );
+        return Ok(());
+    }
+    let recorded = std::fs::read_to_string(kernels_root().join("index.rs"))
+        .ok()
+        .and_then(|text| recorded_identity(&text));
+    Err(check_failure(
+        recorded.as_deref(),
+        identity,
+        &differ,
+        files.len(),
+        &extra,
+    ))
+}
+
+/// The `--check` failure message: a toolchain difference when the recorded toolchain is not
+/// the installed one, else stale files; plus files the registry does not make.
+fn check_failure(
+    recorded: Option<&str>,
+    identity: &str,
+    differ: &[PathBuf],
+    total: usize,
+    extra: &[PathBuf],
+) -> String {
+    let show = |v: &[PathBuf]| -> String {
+        let names: Vec<String> = v.iter().take(6).map(|p| p.display().to_string()).collect();
+        let more = v.len().saturating_sub(6);
+        if more > 0 {
+            format!("{} and {more} more", names.join(", "))
+        } else {
+            names.join(", ")
+        }
+    };
+    let mut msg = match recorded {
+        Some(r) if r != identity => format!(
+            "the installed kernel toolchain differs from the one that made the committed \
+             kernels:\n  committed: {r}\n  installed: {identity}\nso the rebuilt files differ \
+             ({} of {total}); this says nothing about the kernel sources. Install the recorded \
+             versions, or rebuild with `cargo xtask build-ptx` and commit the regenerated \
+             files.",
+            differ.len()
+        ),
+        _ => format!(
+            "committed kernel files are stale (same toolchain: {identity}): {} differ: {}. \
+             Run `cargo xtask build-ptx` and commit.",
+            differ.len(),
+            show(differ)
+        ),
+    };
+    if !extra.is_empty() {
+        msg.push_str(&format!(
+            "\nfiles under host/kernels/ that the registry does not make: {}",
+            show(extra)
+        ));
+    }
+    msg
+}
+
+/// The toolchain line of a generated file's header.
+fn recorded_identity(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("// toolchain: "))
+        .map(str::to_owned)
+}
+
+/// Runs the nested kernel build for one target and returns the PTX text of each kernel.
+fn build_target(
+    tc: &toolchain::Toolchain,
+    t: &ArchInfo,
+    root: &Path,
+) -> Result<BTreeMap<String, String>, String> {
     let target_dir = root.join("target/ptx").join(t.name);
     // A private copy of this binary acts as the linker, so a concurrent rebuild of xtask
     // cannot delete it under the nested build.
@@ -101,7 +258,7 @@ fn build_target(tc: &toolchain::Toolchain, t: &PtxTarget, root: &Path) -> Result
     let mut flags = vec![
         format!("-Clinker={}", me.display()),
         format!("-Ctarget-cpu={}", t.cpu),
-        format!("--cfg=flash_arch=\"{}\"", t.cfg),
+        format!("--cfg=flash_arch=\"{}\"", t.name),
         format!("-Cllvm-args={UNROLL_THRESHOLD}"),
         format!("--remap-path-prefix={}=/flash-attn", root.display()),
     ];
@@ -142,7 +299,26 @@ fn build_target(tc: &toolchain::Toolchain, t: &PtxTarget, root: &Path) -> Result
         .args(["--manifest-path", "kernels-gpu/Cargo.toml"]);
     cmd::run(&mut c)?;
     let out = target_dir.join("nvptx64-nvidia-cuda/ptx/deps/flash_attn_kernels.ptx");
-    std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))
+    let dir = ptx_link::kernels_dir(&out);
+    let mut kernels = BTreeMap::new();
+    for name in std::fs::read_to_string(&out)
+        .map_err(|e| format!("{}: {e}", out.display()))?
+        .lines()
+    {
+        let path = dir.join(format!("{name}.ptx"));
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        kernels.insert(name.to_string(), text);
+    }
+    if kernels.len() != ALL_KERNELS.len() {
+        return Err(format!(
+            "{}: built {} kernels, the registry has {}",
+            t.name,
+            kernels.len(),
+            ALL_KERNELS.len()
+        ));
+    }
+    Ok(kernels)
 }
 
 /// The PTX must not depend on where the repository or toolchain lives.
@@ -162,4 +338,40 @@ fn check_no_paths(ptx: &str, name: &str) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_records_the_toolchain_and_check_names_a_difference() {
+        let made_by = "rustc 1.96.0; LLVM 22.1.8; ptxas 13.0, V13.0.88";
+        let text = format!("{}\n.version 7.0\n", header("//", made_by));
+        assert_eq!(recorded_identity(&text).as_deref(), Some(made_by));
+        let differ = [PathBuf::from("host/kernels/sm80/k.ptx")];
+        let other = "rustc 1.97.0; LLVM 22.1.9; ptxas 13.0, V13.0.88";
+        let msg = check_failure(Some(made_by), other, &differ, 45, &[]);
+        assert!(msg.contains("toolchain differs"), "{msg}");
+        assert!(msg.contains(made_by) && msg.contains(other), "{msg}");
+        let msg = check_failure(Some(made_by), made_by, &differ, 45, &[]);
+        assert!(msg.contains("stale") && msg.contains("k.ptx"), "{msg}");
+        let extra = [PathBuf::from("host/kernels/sm80/old.ptx")];
+        let msg = check_failure(Some(made_by), made_by, &[], 45, &extra);
+        assert!(msg.contains("old.ptx"), "{msg}");
+    }
+
+    #[test]
+    fn index_embeds_every_kernel_of_every_target() {
+        let index = index("x");
+        for arch in &ARCHS {
+            for k in ALL_KERNELS {
+                assert!(index.contains(&format!("include_str!(\"{}/{}.ptx\")", arch.name, k.name)));
+                assert!(index.contains(&format!(
+                    "include_bytes!(\"{}/{}.cubin\")",
+                    arch.name, k.name
+                )));
+            }
+        }
+    }
 }

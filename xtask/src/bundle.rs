@@ -6,6 +6,10 @@ use crate::cmd;
 use std::path::Path;
 use std::process::Command;
 
+/// Test targets that read the source tree (the inline-asm tidy check, the README/example
+/// check): they run here and in CI, not on a GPU machine that has only the bundle.
+const SOURCE_TESTS: [&str; 2] = ["tidy", "readme"];
+
 /// Size limit of the bundle (what the GPU machines accept).
 const MAX_BYTES: u64 = 64 << 20;
 
@@ -29,7 +33,7 @@ pub fn run() -> Result<(), String> {
         "build",
         "--release",
         "-p",
-        "flash-attn",
+        "flash-attn-cli",
         "--bins",
     ]))?;
     let json = cmd::output(
@@ -43,6 +47,8 @@ pub fn run() -> Result<(), String> {
                 "-p",
                 "flash-attn",
                 "-p",
+                "flash-attn-cli",
+                "-p",
                 "flash-attn-kernels",
             ]),
     )?;
@@ -53,10 +59,13 @@ pub fn run() -> Result<(), String> {
         if v["reason"] != "compiler-artifact" || v["profile"]["test"] != true {
             continue;
         }
+        let target = v["target"]["name"].as_str().unwrap_or("test");
+        if SOURCE_TESTS.contains(&target) {
+            continue;
+        }
         if let Some(exe) = v["executable"].as_str() {
             let name = format!(
-                "{}-{}",
-                v["target"]["name"].as_str().unwrap_or("test"),
+                "{target}-{}",
                 v["target"]["kind"][0].as_str().unwrap_or("lib")
             );
             copy(Path::new(exe), &out.join("tests").join(name))?;

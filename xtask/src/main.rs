@@ -1,9 +1,10 @@
 //! `cargo xtask`: build automation for flash-attn.
 //!
 //! Sub-commands:
-//! - `build-ptx [--check]`: set up the kernel toolchain if missing, build the kernels for every
-//!   target, write the PTX into `host/ptx/`, run the ptxas resource check. `--check` fails if
-//!   the rebuilt PTX differs from the committed files.
+//! - `build-ptx [--check]`: set up the kernel toolchain if missing, build every kernel of the
+//!   registry for every target, write one PTX and one SASS cubin per kernel plus the index into
+//!   `host/kernels/`, run the ptxas resource check. `--check` fails if any generated file
+//!   differs from the committed one (and says so when the toolchain differs).
 //! - `ptxas-report`: the ptxas check alone, on the committed PTX.
 //! - `bundle`: release test and bench binaries plus scripts in `bundle/`, for a GPU machine
 //!   without Rust (`bash bundle/run.sh test|bench`).

@@ -1,7 +1,10 @@
 //! The nvptx "linker". rustc's `nvptx64-nvidia-cuda` target links bitcode with an
 //! `llvm-bitcode-linker`-style program (linker flavor `llbc`); rustup ships one, Debian does
 //! not. This is ours: `llvm-link` (all bitcode inputs, rlib archives included) → `opt -O3` with
-//! everything but the exported kernels internalised and dead code removed → `llc` to PTX.
+//! everything but the exported kernels internalised and dead code removed → then, per exported
+//! kernel, `opt` keeping only that kernel → `llc` to one PTX file per kernel, so the host can
+//! load (and the driver JIT-compile) each kernel on its own. The PTX files go to the folder
+//! [`kernels_dir`] of the output; the output itself lists their names.
 
 use crate::cmd;
 use std::path::PathBuf;
@@ -18,7 +21,12 @@ pub const LLC_ENV: &str = "XTASK_LLC";
 /// Extra `opt`/`llc` arguments (space separated), e.g. the unroll threshold.
 pub const LLVM_ARGS_ENV: &str = "XTASK_LLVM_ARGS";
 
-/// Links the bitcode inputs rustc passes into one PTX file.
+/// The folder that receives one `<kernel>.ptx` per exported kernel, next to the linker output.
+pub fn kernels_dir(output: &std::path::Path) -> PathBuf {
+    output.with_extension("kernels")
+}
+
+/// Links the bitcode inputs rustc passes into one PTX file per kernel.
 pub fn run(args: Vec<String>) -> Result<(), String> {
     let mut exports = Vec::new();
     let mut inputs = Vec::new();
@@ -72,13 +80,43 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
             .arg("-o")
             .arg(&optimized),
     )?;
-    let mut llc = Command::new(tool(LLC_ENV)?);
-    llc.args(&extra)
-        .arg("-O3")
-        .arg("-mtriple=nvptx64-nvidia-cuda")
-        .arg(format!("-mcpu={cpu}"));
-    if !features.is_empty() {
-        llc.arg(format!("-mattr={features}"));
+    let dir = kernels_dir(&output);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
-    cmd::run(llc.arg(&optimized).arg("-o").arg(&output))
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let (opt, llc) = (tool(OPT_ENV)?, tool(LLC_ENV)?);
+    let one_kernel = |name: &String| -> Result<(), String> {
+        let bc = dir.join(format!("{name}.bc"));
+        cmd::run(
+            Command::new(&opt)
+                .arg("--passes=internalize,globaldce")
+                .arg(format!("--internalize-public-api-list={name}"))
+                .arg(&optimized)
+                .arg("-o")
+                .arg(&bc),
+        )?;
+        let mut c = Command::new(&llc);
+        c.args(&extra)
+            .arg("-O3")
+            .arg("-mtriple=nvptx64-nvidia-cuda")
+            .arg(format!("-mcpu={cpu}"));
+        if !features.is_empty() {
+            c.arg(format!("-mattr={features}"));
+        }
+        cmd::run(c.arg(&bc).arg("-o").arg(dir.join(format!("{name}.ptx"))))?;
+        std::fs::remove_file(&bc).map_err(|e| e.to_string())
+    };
+    // Two at a time: llc is single-threaded and the kernels are independent.
+    std::thread::scope(|s| {
+        let one_kernel = &one_kernel;
+        let handles: Vec<_> = exports
+            .chunks(exports.len().div_ceil(2).max(1))
+            .map(|chunk| s.spawn(move || chunk.iter().try_for_each(one_kernel)))
+            .collect();
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().map_err(|_| "llc thread panicked".to_string())?)
+    })?;
+    std::fs::write(&output, exports.join("\n")).map_err(|e| format!("{}: {e}", output.display()))
 }

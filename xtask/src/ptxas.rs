@@ -1,10 +1,12 @@
-//! The offline resource check: compiles each committed PTX with `ptxas -v` for every
-//! architecture it targets, prints registers / shared memory / stack / spills per kernel, and
-//! fails on any spill or stack use (local memory) unless the kernel is allowed below.
+//! The offline SASS compile and resource check: `ptxas -v` on each kernel's PTX for each
+//! architecture, the report of registers / shared memory / stack / spills per kernel, and a
+//! failure on any spill or stack use (local memory) unless the kernel is allowed below.
 
-use crate::build_ptx::{committed_path, TARGETS};
+use crate::build_ptx::ptx_path;
 use crate::toolchain;
-use flash_attn_kernels::config::{fwd_kernel_name, fwd_tile, Arch, COMPILED_HEAD_DIMS};
+use flash_attn_kernels::arch::ARCHS;
+use flash_attn_kernels::registry::{KernelInfo, ALL_KERNELS};
+use std::path::Path;
 use std::process::Command;
 
 /// Kernels allowed to use local memory (none yet).
@@ -12,7 +14,7 @@ const LOCAL_MEMORY_ALLOWED: &[&str] = &[];
 
 /// Resource usage of one kernel on one architecture.
 #[derive(Debug, Default, Clone)]
-struct Usage {
+pub struct Usage {
     kernel: String,
     arch: String,
     registers: u32,
@@ -21,58 +23,75 @@ struct Usage {
     spill_loads: u32,
     /// Static shared memory (ptxas `N bytes smem`).
     smem: u32,
+    /// Dynamic shared memory the host launches it with (from the registry).
+    dyn_smem: usize,
 }
 
-/// Dynamic shared memory a kernel is launched with: the tile table of its target, read from
-/// the kernel crate (as the host does), with kernels named by `config::fwd_kernel_name`.
-fn dynamic_smem(kernel: &str, target: &str) -> usize {
-    let arch = if target == "flash_attn_sm90a" {
-        Arch::Sm90a
-    } else {
-        Arch::Sm80
-    };
-    COMPILED_HEAD_DIMS
+/// Compiles `ptx` (one kernel, `k`, of the target whose tiles apply) for `arch`, writing the
+/// cubin to `out` if given, and returns what ptxas reports.
+pub fn compile(
+    ptxas: &Path,
+    ptx: &Path,
+    arch: &str,
+    out: Option<&Path>,
+    k: &KernelInfo,
+    dyn_smem: usize,
+) -> Result<Usage, String> {
+    let dev_null = Path::new("/dev/null");
+    let result = Command::new(ptxas)
+        .arg(format!("-arch={arch}"))
+        .arg("-O3")
+        .arg("-v")
+        .arg(ptx)
+        .arg("-o")
+        .arg(out.unwrap_or(dev_null))
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
+    let text = String::from_utf8_lossy(&result.stderr).into_owned();
+    if !result.status.success() {
+        return Err(format!(
+            "ptxas -arch={arch} {} failed:\n{text}",
+            ptx.display()
+        ));
+    }
+    let mut u = parse(&text, arch)
         .into_iter()
-        .find(|&d| {
-            [false, true]
-                .into_iter()
-                .any(|bf16| fwd_kernel_name(bf16, d) == Some(kernel))
-        })
-        .and_then(|d| fwd_tile(arch, d))
-        .map_or(0, |t| t.smem_bytes())
+        .find(|u| u.kernel == k.name)
+        .ok_or_else(|| {
+            format!(
+                "ptxas -v said nothing about {} in {}",
+                k.name,
+                ptx.display()
+            )
+        })?;
+    u.dyn_smem = dyn_smem;
+    Ok(u)
 }
 
-/// Checks the committed PTX files.
+/// `cargo xtask ptxas-report`: the check alone, on the committed PTX.
 pub fn report_committed() -> Result<(), String> {
     let ptxas = toolchain::ptxas()?;
     let mut all = Vec::new();
-    for t in &TARGETS {
-        let path = committed_path(t);
-        for arch in t.ptxas_archs {
-            let out = Command::new(&ptxas)
-                .arg(format!("-arch={arch}"))
-                .arg("-v")
-                .arg(&path)
-                .arg("-o")
-                .arg("/dev/null")
-                .output()
-                .map_err(|e| format!("cannot run {}: {e}", ptxas.display()))?;
-            let text = String::from_utf8_lossy(&out.stderr).into_owned();
-            if !out.status.success() {
-                return Err(format!(
-                    "ptxas -arch={arch} {} failed:\n{text}",
-                    path.display()
-                ));
+    for arch in &ARCHS {
+        for k in ALL_KERNELS {
+            let path = ptx_path(arch, k.name);
+            let smem = k.dyn_smem[arch.arch.index()];
+            for a in std::iter::once(&arch.sass).chain(arch.ptxas_check) {
+                all.push(compile(&ptxas, &path, a, None, k, smem)?);
             }
-            all.extend(parse(&text, arch).into_iter().map(|u| (t.name, u)));
         }
     }
+    print_report(&all)
+}
+
+/// Prints the table; fails if any kernel uses local memory.
+pub fn print_report(all: &[Usage]) -> Result<(), String> {
     println!(
         "{:<24} {:<7} {:>5} {:>6} {:>7} {:>6} {:>9}",
         "kernel", "arch", "regs", "stack", "spills", "smem", "dyn smem"
     );
     let mut bad = Vec::new();
-    for (target, u) in &all {
+    for u in all {
         println!(
             "{:<24} {:<7} {:>5} {:>6} {:>7} {:>6} {:>9}",
             u.kernel,
@@ -81,18 +100,21 @@ pub fn report_committed() -> Result<(), String> {
             u.stack,
             u.spill_stores + u.spill_loads,
             u.smem,
-            dynamic_smem(&u.kernel, target)
+            u.dyn_smem
         );
         let local = u.stack + u.spill_stores + u.spill_loads > 0;
         if local && !LOCAL_MEMORY_ALLOWED.contains(&u.kernel.as_str()) {
             bad.push(format!("{} on {}", u.kernel, u.arch));
         }
     }
+    println!(
+        "registry: {} kernels × {} targets; ptxas: {} kernel/arch pairs",
+        ALL_KERNELS.len(),
+        ARCHS.len(),
+        all.len()
+    );
     if bad.is_empty() {
-        println!(
-            "ptxas check: {} kernel/arch pairs, no spills, no stack",
-            all.len()
-        );
+        println!("ptxas check: no spills, no stack");
         Ok(())
     } else {
         Err(format!(

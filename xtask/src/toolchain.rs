@@ -204,3 +204,22 @@ pub fn ptxas() -> Result<PathBuf, String> {
     )?;
     Ok(exe)
 }
+
+/// What made the generated kernel files: the versions of rustc, LLVM (the link step's `llc`)
+/// and ptxas, as one line.
+pub fn identity(tc: &Toolchain, ptxas: &Path) -> Result<String, String> {
+    let first = |out: String| out.lines().next().unwrap_or("").trim().to_string();
+    let rustc = first(cmd::output(Command::new(&tc.rustc).arg("--version"))?);
+    let llvm = cmd::output(Command::new(&tc.llc).arg("--version"))?
+        .lines()
+        .find_map(|l| {
+            l.split_once("LLVM version ")
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let ptxas_version = cmd::output(Command::new(ptxas).arg("--version"))?
+        .lines()
+        .find_map(|l| l.split_once(", release ").map(|(_, v)| v.trim().to_owned()))
+        .unwrap_or_else(|| "unknown".into());
+    Ok(format!("{rustc}; LLVM {llvm}; ptxas {ptxas_version}"))
+}

@@ -10,8 +10,11 @@
 //!
 //! All of them take Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` with any strides, and return
 //! O `[B, Nq, Hq, d]` and the natural-log LSE `[B, Hq, Nq]`. A query row that sees no key gets
-//! O = 0 and LSE = −∞.
+//! O = 0 and LSE = −∞; NaN or ±∞ in the inputs give NaN, never a row that looks masked (the rule
+//! is on [`crate::AttnParams`]). Outputs and temporaries are allocated fallibly: a shape whose
+//! buffers cannot exist is a [`crate::FlashError`], not a panic or an abort.
 
+mod alloc;
 mod online_softmax;
 mod reference;
 mod tiled;
@@ -19,3 +22,6 @@ mod validate;
 
 pub use reference::{attention_naive, attention_reference};
 pub use tiled::{attention_cpu, attention_cpu_into, BLOCK_M, BLOCK_N};
+
+#[cfg(test)]
+mod tests;

@@ -7,7 +7,9 @@ use std::ops::Range;
 use flash_attn_kernels::mask::AttnMask;
 use ndarray::{s, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
+use crate::cpu::alloc::{filled, numel, with_capacity};
 use crate::dtype::Element;
+use crate::error::Result;
 
 /// Working buffers of one query tile against one key tile at a time. Sized for at most
 /// `block_m` query rows and `block_n` keys; reused across tiles and heads.
@@ -28,30 +30,40 @@ pub(crate) struct QueryTile {
     v: Vec<f32>,
     /// Scores of the current tile, `rows × block_n`, times `scale·log2 e`.
     scores: Vec<f32>,
-    /// Running row maxima of the scores (base 2), −∞ while a row has seen no key.
+    /// Per row: whether it has seen at least one key the mask shows it.
+    seen: Vec<bool>,
+    /// Running row maxima of the visible scores (base 2), NaN-propagating; −∞ while a row's
+    /// visible scores are all −∞ (or it has seen none).
     max: Vec<f32>,
-    /// Running row sums of `2^(score − max)`.
+    /// Running row sums of `2^(score − max)`, one addition per key tile.
     sum: Vec<f32>,
-    /// Unnormalised outputs, `rows × d`.
+    /// Unnormalised outputs, `rows × d`, one addition per key tile.
     acc: Vec<f32>,
+    /// One row's `P·V` over the current key tile, `d`, added to `acc` once per tile.
+    pv: Vec<f32>,
 }
 
 impl QueryTile {
-    /// Buffers for tiles of `block_m` query rows and `block_n` keys of head dim `d`.
-    pub(crate) fn new(block_m: usize, block_n: usize, d: usize) -> Self {
-        QueryTile {
+    /// Buffers for tiles of `block_m` query rows and `block_n` keys of head dim `d`; an error
+    /// (not an abort) when they cannot be allocated.
+    pub(crate) fn new(block_m: usize, block_n: usize, d: usize) -> Result<Self> {
+        let rows_d = numel::<f32>(&[block_m, d], "CPU query tile")?;
+        let keys_d = numel::<f32>(&[block_n, d], "CPU key tile")?;
+        Ok(QueryTile {
             d,
             block_n,
             row0: 0,
             rows: 0,
-            q: Vec::with_capacity(block_m * d),
-            k: Vec::with_capacity(block_n * d),
-            v: Vec::with_capacity(block_n * d),
-            scores: vec![0.0; block_m * block_n],
-            max: Vec::with_capacity(block_m),
-            sum: Vec::with_capacity(block_m),
-            acc: Vec::with_capacity(block_m * d),
-        }
+            q: with_capacity(rows_d, "CPU query tile")?,
+            k: with_capacity(keys_d, "CPU key tile")?,
+            v: with_capacity(keys_d, "CPU value tile")?,
+            scores: filled(block_m * block_n, 0.0, "CPU score tile")?,
+            seen: with_capacity(block_m, "CPU row state")?,
+            max: with_capacity(block_m, "CPU row state")?,
+            sum: with_capacity(block_m, "CPU row state")?,
+            acc: with_capacity(rows_d, "CPU output tile")?,
+            pv: filled(d, 0.0, "CPU output tile")?,
+        })
     }
 
     /// Starts the query rows `rows` of `q` (`[Nq, d]`): loads them and clears the state.
@@ -59,6 +71,8 @@ impl QueryTile {
         self.row0 = rows.start;
         self.rows = rows.len();
         load_rows(q, rows, &mut self.q);
+        self.seen.clear();
+        self.seen.resize(self.rows, false);
         self.max.clear();
         self.max.resize(self.rows, f32::NEG_INFINITY);
         self.sum.clear();
@@ -67,8 +81,11 @@ impl QueryTile {
         self.acc.resize(self.rows * self.d, 0.0);
     }
 
-    /// Folds the keys `keys` of `k` and `v` (`[Nk, d]`) into the tile's state. With
-    /// `needs_mask`, scores of keys that `mask` hides from a row become −∞ first.
+    /// Folds the keys `keys` of `k` and `v` (`[Nk, d]`) into the tile's state. With `mask`,
+    /// keys it hides from a row are skipped for that row (neither their K nor their V is
+    /// read for it). The tile's probabilities and `P·V` are summed tile-locally and added to
+    /// the running sums once, as the GPU's tensor-core accumulation does: adding one key at a
+    /// time to a sum over 10⁶ keys loses most of each term's bits in f32.
     pub(crate) fn visit_keys<T: Element, M: AttnMask>(
         &mut self,
         k: ArrayView2<T>,
@@ -81,53 +98,89 @@ impl QueryTile {
         let n = keys.len();
         load_rows(k, keys.clone(), &mut self.k);
         load_rows(v, keys, &mut self.v);
+        let d = self.d;
         for r in 0..self.rows {
+            let row = self.row0 + r;
+            let visible = |c: usize| mask.is_none_or(|m| m.visible(idx(row), idx(key0 + c)));
             let s = &mut self.scores[r * self.block_n..r * self.block_n + n];
-            let q_row = &self.q[r * self.d..(r + 1) * self.d];
-            for (c, (s, k_row)) in s.iter_mut().zip(self.k.chunks_exact(self.d)).enumerate() {
-                let visible = mask.is_none_or(|m| m.visible(idx(self.row0 + r), idx(key0 + c)));
-                *s = if visible {
+            let q_row = &self.q[r * d..(r + 1) * d];
+            let mut any_visible = false;
+            for (c, (s, k_row)) in s.iter_mut().zip(self.k.chunks_exact(d)).enumerate() {
+                *s = if visible(c) {
+                    any_visible = true;
                     dot(q_row, k_row) * scale_log2
                 } else {
                     f32::NEG_INFINITY
                 };
             }
-            let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let new_max = self.max[r].max(tile_max);
-            if new_max == f32::NEG_INFINITY {
-                continue; // nothing visible to this row yet
+            if !any_visible {
+                continue;
             }
-            let correction = (self.max[r] - new_max).exp2();
+            self.seen[r] = true;
+            let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, max_nan);
+            let new_max = max_nan(self.max[r], tile_max);
+            // While every visible score is −∞, subtract 0 instead of −∞ (−∞ − −∞ is NaN): the
+            // probabilities stay 0, and 0·V still carries a NaN of V, as in the reference.
+            let shift = if new_max == f32::NEG_INFINITY {
+                0.0
+            } else {
+                new_max
+            };
+            let correction = (self.max[r] - shift).exp2();
             self.max[r] = new_max;
-            let acc = &mut self.acc[r * self.d..(r + 1) * self.d];
-            acc.iter_mut().for_each(|a| *a *= correction);
-            let mut sum = self.sum[r] * correction;
-            for (&s, v_row) in s.iter().zip(self.v.chunks_exact(self.d)) {
-                let p = (s - new_max).exp2();
-                sum += p;
-                acc.iter_mut().zip(v_row).for_each(|(a, &x)| *a += p * x);
+            self.pv.fill(0.0);
+            let mut tile_sum = 0.0;
+            for (c, (&s, v_row)) in s.iter().zip(self.v.chunks_exact(d)).enumerate() {
+                if !visible(c) {
+                    continue;
+                }
+                let p = (s - shift).exp2();
+                tile_sum += p;
+                self.pv
+                    .iter_mut()
+                    .zip(v_row)
+                    .for_each(|(a, &x)| *a += p * x);
             }
-            self.sum[r] = sum;
+            let acc = &mut self.acc[r * d..(r + 1) * d];
+            acc.iter_mut()
+                .zip(&self.pv)
+                .for_each(|(a, &pv)| *a = *a * correction + pv);
+            self.sum[r] = self.sum[r] * correction + tile_sum;
         }
     }
 
     /// Writes the normalised outputs of the tile's rows to `o` (`[Nq, d]`) and their natural
-    /// log-sum-exp to `lse` (`[Nq]`); a row that saw no key gets zeros and −∞.
+    /// log-sum-exp to `lse` (`[Nq]`). A row that saw no key gets zeros and −∞; a row whose
+    /// visible scores were all −∞ gets NaN; NaN and +∞ scores reach O and LSE as NaN through
+    /// the arithmetic (see [`crate::AttnParams`]).
     pub(crate) fn finish<T: Element>(&self, mut o: ArrayViewMut2<T>, mut lse: ArrayViewMut1<f32>) {
         for r in 0..self.rows {
             let i = self.row0 + r;
             let (sum, max) = (self.sum[r], self.max[r]);
             let acc = &self.acc[r * self.d..(r + 1) * self.d];
-            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            let (inv, row_lse) = if !self.seen[r] {
+                (0.0, f32::NEG_INFINITY)
+            } else if max == f32::NEG_INFINITY {
+                (f32::NAN, f32::NAN)
+            } else {
+                let lse = (f64::from(max) + f64::from(sum).log2()) * std::f64::consts::LN_2;
+                (1.0 / sum, lse as f32)
+            };
             for (dst, &a) in o.row_mut(i).iter_mut().zip(acc) {
                 *dst = T::from_f32(a * inv);
             }
-            lse[i] = if sum > 0.0 {
-                ((f64::from(max) + f64::from(sum).log2()) * std::f64::consts::LN_2) as f32
-            } else {
-                f32::NEG_INFINITY
-            };
+            lse[i] = row_lse;
         }
+    }
+}
+
+/// `max` that propagates NaN (`f32::max` returns the other operand, which would hide a NaN
+/// score behind the row's other scores).
+fn max_nan(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
     }
 }
 

@@ -6,8 +6,10 @@
 //! ([`visible_keys`]) instead of taken from the kernels' mask policy, so that the oracle checks
 //! that policy rather than repeating it.
 
-use ndarray::{s, Array3, Array4, ArrayView4, ArrayViewMut1, LinalgScalar};
+use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
+use ndarray::{s, Array3, Array4, ArrayView4, ArrayViewMut1, Dim, LinalgScalar, Zip};
 
+use crate::cpu::alloc;
 use crate::cpu::validate::check_inputs;
 use crate::dtype::Element;
 use crate::error::Result;
@@ -15,8 +17,9 @@ use crate::params::AttnParams;
 use crate::shape::AttnShape;
 
 /// Naive float64 attention: `S = scale·Q·Kᵀ` materialised per (batch, head), masked, softmax
-/// per row, `O = P·V`. Returns O `[B, Nq, Hq, d]` and the natural-log LSE `[B, Hq, Nq]`; a row
-/// that sees no key gets O = 0 and LSE = −∞. The oracle of the tests.
+/// per row, `O = P·V` over the visible keys. Returns O `[B, Nq, Hq, d]` and the natural-log
+/// LSE `[B, Hq, Nq]`; a row that sees no key gets O = 0 and LSE = −∞, NaN and ±∞ inputs give
+/// NaN as [`AttnParams`] describes. The oracle of the tests.
 pub fn attention_reference(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
@@ -57,6 +60,10 @@ trait Real: LinalgScalar + PartialOrd {
     const ZERO: Self;
     /// Negative infinity.
     const NEG_INF: Self;
+    /// Not a number.
+    const NAN: Self;
+    /// Whether the value is NaN.
+    fn is_nan(self) -> bool;
     /// `eˣ`.
     fn exp(self) -> Self;
     /// Natural logarithm.
@@ -66,6 +73,10 @@ trait Real: LinalgScalar + PartialOrd {
 impl Real for f32 {
     const ZERO: Self = 0.0;
     const NEG_INF: Self = f32::NEG_INFINITY;
+    const NAN: Self = f32::NAN;
+    fn is_nan(self) -> bool {
+        f32::is_nan(self)
+    }
     fn exp(self) -> Self {
         f32::exp(self)
     }
@@ -77,6 +88,10 @@ impl Real for f32 {
 impl Real for f64 {
     const ZERO: Self = 0.0;
     const NEG_INF: Self = f64::NEG_INFINITY;
+    const NAN: Self = f64::NAN;
+    fn is_nan(self) -> bool {
+        f64::is_nan(self)
+    }
     fn exp(self) -> Self {
         f64::exp(self)
     }
@@ -114,22 +129,36 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
 ) -> Result<(Array4<O>, Array3<A>)> {
     let shape = check_inputs(&q, &k, &v)?;
     let scale = scale_to_acc(params.scale(shape.head_dim)?);
-    let mut out = Array4::from_elem(shape.q_dims(), O::default());
-    let mut lse = Array3::from_elem(shape.lse_dims(), A::NEG_INF);
+    let (nq, nk, d) = (shape.seqlen_q, shape.seqlen_k, shape.head_dim);
+    let mut out = alloc::array(Dim(shape.q_dims()), O::default(), "output O")?;
+    let mut lse = alloc::array(Dim(shape.lse_dims()), A::NEG_INF, "output LSE")?;
+    let mut qh = alloc::array(Dim([nq, d]), A::ZERO, "reference Q")?;
+    let mut kh = alloc::array(Dim([nk, d]), A::ZERO, "reference K")?;
+    let mut vh = alloc::array(Dim([nk, d]), A::ZERO, "reference V")?;
+    let mut scores = alloc::array(Dim([nq, nk]), A::ZERO, "reference scores")?;
+    let mut o = alloc::array(Dim([d]), A::ZERO, "reference output row")?;
     for b in 0..shape.batch {
         for h in 0..shape.heads_q {
             let kv = shape.kv_head(h);
-            let qh = q.slice(s![b, .., h, ..]).mapv(prec.load);
-            let kh = k.slice(s![b, .., kv, ..]).mapv(prec.load);
-            let vh = v.slice(s![b, .., kv, ..]).mapv(prec.load);
-            let mut scores = qh.dot(&kh.t());
+            qh.zip_mut_with(&q.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
+            kh.zip_mut_with(&k.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
+            vh.zip_mut_with(&v.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
+            general_mat_mul(A::one(), &qh, &kh.t(), A::ZERO, &mut scores);
             scores.mapv_inplace(|x| (prec.scores)(x) * scale);
             for (i, row) in scores.outer_iter_mut().enumerate() {
                 let seen = visible_keys(&shape, params.causal, i);
                 lse[[b, h, i]] = softmax_in_place(row, seen, prec.probs);
             }
-            let o = scores.dot(&vh);
-            out.slice_mut(s![b, .., h, ..]).assign(&o.mapv(prec.store));
+            for (i, p) in scores.outer_iter().enumerate() {
+                // Only the visible keys: a masked key's V must not reach the row (0·NaN).
+                let seen = visible_keys(&shape, params.causal, i);
+                let (p, v_seen) = (p.slice(s![..seen]), vh.slice(s![..seen, ..]));
+                general_mat_vec_mul(A::one(), &v_seen.t(), &p, A::ZERO, &mut o);
+                let dst = out.slice_mut(s![b, i, h, ..]);
+                Zip::from(dst)
+                    .and(&o)
+                    .for_each(|x, &y| *x = (prec.store)(y));
+            }
         }
     }
     Ok((out, lse))
@@ -147,17 +176,28 @@ fn visible_keys(shape: &AttnShape, causal: bool, i: usize) -> usize {
 
 /// Replaces a row of scores, of which the first `seen` are visible, by its softmax
 /// probabilities (rounded by `round`) and returns its log-sum-exp. A row with nothing visible
-/// becomes all zeros with LSE −∞.
+/// becomes all zeros with LSE −∞. A NaN or +∞ visible score, or visible scores that are all
+/// −∞, make the row's probabilities and LSE NaN (the rule on [`AttnParams`]).
 fn softmax_in_place<A: Real>(mut row: ArrayViewMut1<A>, seen: usize, round: fn(A) -> A) -> A {
     row.slice_mut(s![seen..]).fill(A::ZERO);
-    let mut visible = row.slice_mut(s![..seen]);
-    let max = visible
-        .iter()
-        .fold(A::NEG_INF, |m, &x| if x > m { x } else { m });
-    if max == A::NEG_INF {
-        visible.fill(A::ZERO);
+    if seen == 0 {
         return A::NEG_INF;
     }
+    let mut visible = row.slice_mut(s![..seen]);
+    let max = visible.iter().fold(A::NEG_INF, |m, &x| {
+        if m.is_nan() || x.is_nan() {
+            A::NAN
+        } else if x > m {
+            x
+        } else {
+            m
+        }
+    });
+    if max == A::NEG_INF {
+        visible.fill(A::NAN);
+        return A::NAN;
+    }
+    // A NaN or +∞ max turns every term into NaN (x − NaN, ∞ − ∞).
     visible.mapv_inplace(|x| (x - max).exp());
     let sum = visible.iter().fold(A::ZERO, |s, &p| s + p);
     visible.mapv_inplace(|p| round(p / sum));

@@ -10,9 +10,10 @@
 use flash_attn_kernels::mask::{AttnMask, CausalMask};
 use ndarray::{
     s, Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3,
-    ArrayViewMut4, Axis,
+    ArrayViewMut4, Axis, Dim,
 };
 
+use crate::cpu::alloc;
 use crate::cpu::online_softmax::QueryTile;
 use crate::cpu::validate::{check_inputs, check_outputs};
 use crate::dtype::Element;
@@ -27,8 +28,10 @@ pub const BLOCK_N: usize = 64;
 
 /// Attention on the CPU: Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` (any strides, `Hkv`
 /// dividing `Hq`), any head dim ≥ 1. Returns O `[B, Nq, Hq, d]` and the natural-log LSE
-/// `[B, Hq, Nq]`; a row that sees no key gets O = 0 and LSE = −∞. Invalid shapes or a
-/// non-finite scale are reported as errors, see [`crate::shape::check_shapes`].
+/// `[B, Hq, Nq]`; a row that sees no key gets O = 0 and LSE = −∞, and NaN or ±∞ inputs give
+/// NaN as [`AttnParams`] describes. Invalid shapes or a non-finite scale are reported as
+/// errors, see [`crate::shape::check_shapes`], and so are outputs or temporaries that cannot be
+/// allocated ([`crate::FlashError::TooLarge`], [`crate::FlashError::Alloc`]): never a panic.
 pub fn attention_cpu<T: Element>(
     q: ArrayView4<T>,
     k: ArrayView4<T>,
@@ -36,8 +39,9 @@ pub fn attention_cpu<T: Element>(
     params: &AttnParams,
 ) -> Result<(Array4<T>, Array3<f32>)> {
     let shape = check_inputs(&q, &k, &v)?;
-    let mut o = Array4::from_elem(shape.q_dims(), T::default());
-    let mut lse = Array3::zeros(shape.lse_dims());
+    params.scale_log2(shape.head_dim)?;
+    let mut o = alloc::array(Dim(shape.q_dims()), T::default(), "output O")?;
+    let mut lse = alloc::array(Dim(shape.lse_dims()), 0.0, "output LSE")?;
     attention_cpu_into(q, k, v, params, o.view_mut(), lse.view_mut())?;
     Ok((o, lse))
 }
@@ -54,14 +58,14 @@ pub fn attention_cpu_into<T: Element>(
 ) -> Result<()> {
     let shape = check_inputs(&q, &k, &v)?;
     check_outputs(&shape, &o, &lse)?;
-    let scale = params.scale(shape.head_dim)?;
-    let scale_log2 = (f64::from(scale) * std::f64::consts::LOG2_E) as f32;
+    let scale_log2 = params.scale_log2(shape.head_dim)?;
     let mask = CausalMask {
         seqlen_q: shape.seqlen_q as u32,
         seqlen_k: shape.seqlen_k as u32,
         causal: params.causal,
     };
-    let mut jobs = Vec::with_capacity(shape.batch * shape.heads_q);
+    let heads = alloc::numel::<HeadJob<T>>(&[shape.batch, shape.heads_q], "CPU head jobs")?;
+    let mut jobs = alloc::with_capacity(heads, "CPU head jobs")?;
     for (b, (o_b, lse_b)) in o
         .into_outer_iter_mut()
         .zip(lse.into_outer_iter_mut())
@@ -83,8 +87,7 @@ pub fn attention_cpu_into<T: Element>(
     }
     run_parallel(jobs, shape.head_dim, |job, tile| {
         job.run(tile, &mask, scale_log2)
-    });
-    Ok(())
+    })
 }
 
 /// One (batch, query head): its Q rows, the K and V rows of its key/value head (`[N, d]`
@@ -109,8 +112,8 @@ impl<T: Element> HeadJob<'_, T> {
         let (bm, bn) = (BLOCK_M as u32, BLOCK_N as u32);
         for row0 in (0..seqlen_q).step_by(BLOCK_M) {
             tile.start(self.q, row0..(row0 + BLOCK_M).min(seqlen_q));
-            let (first, end) = mask.key_tiles(row0 as u32, bm, bn);
-            for n_block in first..end {
+            // Last tile first, as the GPU visits them.
+            for n_block in mask.key_tiles(row0 as u32, bm, bn) {
                 let key0 = n_block as usize * BLOCK_N;
                 let keys = key0..(key0 + BLOCK_N).min(seqlen_k);
                 let needs_mask = mask.tile_needs_mask(row0 as u32, bm, n_block, bn);
@@ -122,28 +125,36 @@ impl<T: Element> HeadJob<'_, T> {
 }
 
 /// Runs `work` on every job, spread round-robin over the available cores; each thread owns
-/// one [`QueryTile`] of head dim `d`.
-fn run_parallel<J: Send>(jobs: Vec<J>, d: usize, work: impl Fn(J, &mut QueryTile) + Sync) {
+/// one [`QueryTile`] of head dim `d`, allocated (fallibly) before any work starts.
+fn run_parallel<J: Send>(
+    jobs: Vec<J>,
+    d: usize,
+    work: impl Fn(J, &mut QueryTile) + Sync,
+) -> Result<()> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(jobs.len());
     let new_tile = || QueryTile::new(BLOCK_M, BLOCK_N, d);
     if threads <= 1 {
-        let mut tile = new_tile();
+        let mut tile = new_tile()?;
         jobs.into_iter().for_each(|job| work(job, &mut tile));
-        return;
+        return Ok(());
     }
-    let mut buckets: Vec<Vec<J>> = (0..threads).map(|_| Vec::new()).collect();
+    let mut buckets = Vec::with_capacity(threads);
+    for _ in 0..threads {
+        let bucket: Vec<J> = alloc::with_capacity(jobs.len().div_ceil(threads), "CPU head jobs")?;
+        buckets.push((bucket, new_tile()?));
+    }
     for (i, job) in jobs.into_iter().enumerate() {
-        buckets[i % threads].push(job);
+        buckets[i % threads].0.push(job);
     }
     std::thread::scope(|scope| {
-        for bucket in buckets {
+        for (bucket, mut tile) in buckets {
             let work = &work;
             scope.spawn(move || {
-                let mut tile = new_tile();
                 bucket.into_iter().for_each(|job| work(job, &mut tile));
             });
         }
     });
+    Ok(())
 }

@@ -1,8 +1,16 @@
 //! Device-only code: compiled for `nvptx64-nvidia-cuda` alone.
+//!
+//! Layers, bottom up: `ptx` (every inline-PTX instruction), `elem` (f16/bf16), `tile`
+//! (shared-memory tiles and their `ldmatrix` fragments), `frag` (register tiles and row
+//! vectors), `softmax` (the online softmax); the kernel families (`fwd`, `pad`) are assembled
+//! from them, with the block information ([`crate::block`]) and masks ([`crate::mask`]) that
+//! the host compiles too. The entry points are emitted by [`crate::registry`].
 
-mod elem;
-mod entry;
-mod fwd;
-mod pad;
+pub(crate) mod elem;
+pub(crate) mod frag;
+pub(crate) mod fwd;
+pub(crate) mod gemm;
+pub(crate) mod pad;
 mod ptx;
-mod tile;
+pub(crate) mod softmax;
+pub(crate) mod tile;

@@ -26,8 +26,8 @@ pub unsafe fn pad_copy_b16(p: &PadParams) {
         let row = (rest % p.seqlen as u64) as u32;
         let batch = (rest / p.seqlen as u64) as u32;
         let packed = (p.packed as *mut u16).add(idx as usize);
-        let strided =
-            (p.strided as *mut u16).add((p.strides.offset(batch, row, head) + col as u64) as usize);
+        let strided = (p.strided.ptr as *mut u16)
+            .add((p.strided.strides.offset(batch, row, head) + col as u64) as usize);
         if scatter {
             if col < p.dim {
                 *strided = *packed;

@@ -2,7 +2,11 @@
 //! arithmetic themselves: this module knows which rows and chunks each lane addresses.
 
 use super::ptx;
+use crate::config::MMA_M;
 use crate::swizzle::{chunk_offset, split_offset};
+
+/// Rows (and 16-bit columns) of one `ldmatrix.x4` / `mma` A fragment.
+const FRAG: usize = MMA_M;
 
 /// `ROWS × PITCH` 16-bit elements in shared memory, row-major, swizzled by
 /// [`crate::swizzle::chunk_offset`].
@@ -118,35 +122,38 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
         }
     }
 
-    /// The `mma` A fragment of rows `[m0, m0 + 16)`, columns `[16·ks, 16·ks + 16)`; `m0` is a
-    /// multiple of 8.
+    /// The `mma` A fragment of m-tile `mt` of the rows starting at `m0` (a multiple of 16):
+    /// rows `[m0 + 16·mt, +16)`, columns `[16·ks, +16)`.
     ///
     /// # Safety
     /// The whole warp calls it; the tile is written and synchronised.
     #[inline(always)]
-    pub unsafe fn load_a(self, lanes: &LaneOffsets, m0: usize, ks: usize) -> [u32; 4] {
-        ptx::ldmatrix_x4(self.base + lanes.a[ks % 4] + lanes.const_part::<PITCH>(m0, ks))
+    pub unsafe fn load_a(self, lanes: &LaneOffsets, m0: usize, mt: usize, ks: usize) -> [u32; 4] {
+        let row0 = m0 + FRAG * mt;
+        ptx::ldmatrix_x4(self.base + lanes.a[ks % 4] + lanes.const_part::<PITCH>(row0, ks))
     }
 
     /// `mma` B fragments of two adjacent 8-column tiles for a tile stored as `[n][k]` (rows are
-    /// the B columns, as K is for `S = Q·Kᵀ`): B columns `[n0, n0 + 16)`, k `[16·ks, +16)`.
+    /// the B columns, as K is for `S = Q·Kᵀ`): B columns `[16·np, +16)`, k `[16·ks, +16)`.
     ///
     /// # Safety
     /// As [`SmemTile::load_a`].
     #[inline(always)]
-    pub unsafe fn load_b_pair_nk(self, lanes: &LaneOffsets, n0: usize, ks: usize) -> [[u32; 2]; 2] {
+    pub unsafe fn load_b_pair_nk(self, lanes: &LaneOffsets, np: usize, ks: usize) -> [[u32; 2]; 2] {
+        let n0 = FRAG * np;
         let r = ptx::ldmatrix_x4(self.base + lanes.b[ks % 4] + lanes.const_part::<PITCH>(n0, ks));
         [[r[0], r[1]], [r[2], r[3]]]
     }
 
     /// `mma` B fragments of two adjacent 8-column tiles for a tile stored as `[k][n]` (rows are
-    /// the reduction dim, as V is for `O = P·V`): k rows `[k0, k0 + 16)`, B columns
-    /// `[16·np, 16·np + 16)`. Uses the transposing `ldmatrix`.
+    /// the reduction dim, as V is for `O = P·V`): k rows `[16·ks, +16)`, B columns
+    /// `[16·np, +16)`. Uses the transposing `ldmatrix`.
     ///
     /// # Safety
     /// As [`SmemTile::load_a`].
     #[inline(always)]
-    pub unsafe fn load_b_pair_kn(self, lanes: &LaneOffsets, k0: usize, np: usize) -> [[u32; 2]; 2] {
+    pub unsafe fn load_b_pair_kn(self, lanes: &LaneOffsets, ks: usize, np: usize) -> [[u32; 2]; 2] {
+        let k0 = FRAG * ks;
         let r =
             ptx::ldmatrix_x4_trans(self.base + lanes.a[np % 4] + lanes.const_part::<PITCH>(k0, np));
         [[r[0], r[1]], [r[2], r[3]]]
@@ -193,57 +200,4 @@ impl LaneOffsets {
     fn const_part<const PITCH: usize>(&self, row0: usize, c2: usize) -> u32 {
         split_offset(PITCH, 0, 0, row0, c2).1 as u32
     }
-}
-
-/// Position of a lane inside an `mma` accumulator tile: rows `g` and `g + 8`, columns `2t`
-/// and `2t + 1` (see [`ptx::mma_m16n8k16_f16`]).
-#[derive(Clone, Copy)]
-pub struct FragPos {
-    /// `lane / 4`.
-    pub g: u32,
-    /// `lane % 4`.
-    pub t: u32,
-}
-
-impl FragPos {
-    /// The position of `lane`.
-    #[inline(always)]
-    pub fn of(lane: u32) -> Self {
-        Self {
-            g: lane / 4,
-            t: lane % 4,
-        }
-    }
-
-    /// Row (0..16) of accumulator element `e` (0..4).
-    #[inline(always)]
-    pub fn row(self, e: usize) -> u32 {
-        self.g + 8 * (e as u32 >> 1)
-    }
-
-    /// Column (0..8) of accumulator element `e` (0..4).
-    #[inline(always)]
-    pub fn col(self, e: usize) -> u32 {
-        2 * self.t + (e as u32 & 1)
-    }
-}
-
-/// Sums `x` over the 4 lanes of a quad (the lanes holding one accumulator row).
-///
-/// # Safety
-/// The whole warp calls it.
-#[inline(always)]
-pub unsafe fn quad_sum(x: f32) -> f32 {
-    let x = x + ptx::shfl_sync_bfly::<1>(x);
-    x + ptx::shfl_sync_bfly::<2>(x)
-}
-
-/// Maximum of `x` over the 4 lanes of a quad.
-///
-/// # Safety
-/// The whole warp calls it.
-#[inline(always)]
-pub unsafe fn quad_max(x: f32) -> f32 {
-    let x = x.max(ptx::shfl_sync_bfly::<1>(x));
-    x.max(ptx::shfl_sync_bfly::<2>(x))
 }

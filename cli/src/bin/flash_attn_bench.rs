@@ -1,0 +1,205 @@
+//! Forward-pass benchmark: FlashAttention's configuration (B·N = 16K tokens, total width
+//! 2048, d ∈ {64, 128}, N from 512 to 16K, causal or not, f16 and bf16). Prints a table and
+//! writes JSON rows; `xtask/scripts/bench_torch.py` adds PyTorch SDPA's numbers measured in the
+//! same run on the same device.
+//!
+//! Usage: `flash-attn-bench [--out rows.json] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
+//! [--causal true|false]` (the last four restrict the sweep, e.g. for a profiler). Exit status:
+//! 0 on success, 1 on an error, 2 when there is no GPU.
+
+use clap::{ArgAction, Parser};
+use flash_attn::timing::{median, time_ms};
+use flash_attn::{flash_attn_into, AttnParams, Device, DeviceTensor, Element, Result};
+use half::{bf16, f16};
+
+const TOKENS: usize = 16 * 1024;
+const WIDTH: usize = 2048;
+
+struct Row {
+    dtype: &'static str,
+    d: usize,
+    b: usize,
+    h: usize,
+    n: usize,
+    causal: bool,
+    ms: f32,
+}
+
+impl Row {
+    fn tflops(&self) -> f64 {
+        let flops = 4.0 * (self.b * self.h * self.n * self.n * self.d) as f64;
+        let flops = if self.causal { flops / 2.0 } else { flops };
+        flops / (self.ms as f64 * 1e-3) / 1e12
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1), so runs are comparable.
+fn random<T: Element>(n: usize, seed: u64) -> Vec<T> {
+    flash_attn_cli::sample::uniform(n, seed, -1.0, 1.0)
+        .into_iter()
+        .map(T::from_f32)
+        .collect()
+}
+
+/// Which rows of the sweep to run.
+struct Filter {
+    d: Option<usize>,
+    n: Option<usize>,
+    dtype: Option<String>,
+    causal: Option<bool>,
+}
+
+fn bench_dtype<T: Element>(
+    dev: &Device,
+    name: &'static str,
+    filter: &Filter,
+    ns: &[usize],
+    reps: usize,
+    rows: &mut Vec<Row>,
+) -> Result<()> {
+    if filter.dtype.as_deref().is_some_and(|f| f != name) {
+        return Ok(());
+    }
+    for d in [64usize, 128] {
+        if filter.d.is_some_and(|f| f != d) {
+            continue;
+        }
+        let h = WIDTH / d;
+        let total = TOKENS * h * d;
+        let q = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 1))?;
+        let k = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 2))?;
+        let v = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 3))?;
+        let o = DeviceTensor::<T>::from_host(dev, &[total], &vec![T::default(); total])?;
+        let (mut q, mut k, mut v, mut o) = (q, k, v, o);
+        for &n in ns {
+            if filter.n.is_some_and(|f| f != n) {
+                continue;
+            }
+            let b = TOKENS / n;
+            let shape = [b, n, h, d];
+            let strides = [n * h * d, h * d, d, 1];
+            q = q.with_layout(&shape, &strides, 0)?;
+            k = k.with_layout(&shape, &strides, 0)?;
+            v = v.with_layout(&shape, &strides, 0)?;
+            o = o.with_layout(&shape, &strides, 0)?;
+            let mut lse = DeviceTensor::<f32>::from_host(dev, &[b, h, n], &vec![0.0; b * h * n])?;
+            for causal in [false, true] {
+                if filter.causal.is_some_and(|f| f != causal) {
+                    continue;
+                }
+                let params = AttnParams {
+                    causal,
+                    softmax_scale: None,
+                };
+                let times = time_ms(dev, 3, reps, || {
+                    flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
+                })?;
+                let row = Row {
+                    dtype: name,
+                    d,
+                    b,
+                    h,
+                    n,
+                    causal,
+                    ms: median(&times),
+                };
+                eprintln!(
+                    "{:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s",
+                    name,
+                    d,
+                    b,
+                    h,
+                    n,
+                    causal,
+                    row.ms,
+                    row.tflops()
+                );
+                rows.push(row);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Forward-pass benchmark of flash-attn (FlashAttention's configuration); JSON rows on stdout
+/// or in `--out`, a table on stderr.
+#[derive(Debug, Parser)]
+#[command(name = "flash-attn-bench")]
+struct Args {
+    /// Write the JSON rows to this file instead of stdout
+    #[arg(long, value_name = "FILE")]
+    out: Option<std::path::PathBuf>,
+    /// N in {1K, 4K} only
+    #[arg(long)]
+    quick: bool,
+    /// Timed repetitions per row (the median is reported)
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    reps: usize,
+    /// Only this head dim (64 or 128)
+    #[arg(long, value_name = "D")]
+    d: Option<usize>,
+    /// Only this sequence length
+    #[arg(long, value_name = "N")]
+    n: Option<usize>,
+    /// Only this dtype
+    #[arg(long, value_parser = ["f16", "bf16"])]
+    dtype: Option<String>,
+    /// Only causal (true) or non-causal (false) rows
+    #[arg(long, value_name = "BOOL", action = ArgAction::Set)]
+    causal: Option<bool>,
+}
+
+fn main() {
+    // Exit status 2 means "no GPU" to `cargo xtask bench`, so a bad command line (clap's
+    // default status is 2) exits 1.
+    let args = Args::try_parse().unwrap_or_else(|e| {
+        let _ = e.print();
+        std::process::exit(if e.use_stderr() { 1 } else { 0 });
+    });
+    let (out, reps, quick) = (args.out, args.reps, args.quick);
+    let filter = Filter {
+        d: args.d,
+        n: args.n,
+        dtype: args.dtype,
+        causal: args.causal,
+    };
+    let ns: Vec<usize> = if quick {
+        vec![1024, 4096]
+    } else {
+        vec![512, 1024, 2048, 4096, 8192, 16384]
+    };
+    let dev = match Device::new(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("flash-attn-bench: SKIPPED, no GPU: {e}");
+            std::process::exit(2);
+        }
+    };
+    let device = dev.name().unwrap_or_default();
+    let date = std::env::var("BENCH_DATE").unwrap_or_default();
+    let mut rows = Vec::new();
+    let run = bench_dtype::<f16>(&dev, "f16", &filter, &ns, reps, &mut rows)
+        .and_then(|_| bench_dtype::<bf16>(&dev, "bf16", &filter, &ns, reps, &mut rows));
+    if let Err(e) = run {
+        eprintln!("flash-attn-bench: error: {e}");
+        std::process::exit(1);
+    }
+    let json: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "op": "fwd", "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
+                "causal": r.causal, "ours_ms": r.ms, "ours_tflops": r.tflops(),
+                "device": device, "date": date, "ptx_arch": dev.ptx_arch(),
+            })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&json).expect("rows serialise");
+    match out {
+        Some(path) => std::fs::write(&path, text).unwrap_or_else(|e| {
+            eprintln!("flash-attn-bench: cannot write {}: {e}", path.display());
+            std::process::exit(1);
+        }),
+        None => println!("{text}"),
+    }
+}

@@ -1,0 +1,112 @@
+//! Checks of a GPU forward call, all made before anything is allocated or launched: element
+//! type, shapes, contexts, strides, grid limits and aliasing.
+
+use std::sync::Arc;
+
+use crate::device::Device;
+use crate::dtype::{DType, Element};
+use crate::error::{FlashError, Result};
+use crate::shape::{check_shapes, AttnShape};
+use crate::tensor::DeviceTensor;
+
+/// Largest grid y/z extent: heads and batch are mapped there.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// The GPU kernels take f16 and bf16 only.
+pub(super) fn check_dtype<T: Element>() -> Result<()> {
+    match T::DTYPE {
+        DType::F16 | DType::BF16 => Ok(()),
+        DType::F32 => Err(FlashError::DType(
+            "the GPU kernels take f16 or bf16 (use the CPU backend for f32)".into(),
+        )),
+    }
+}
+
+/// Shapes of Q, K and V, checked (rank, sizes, GQA, the GPU's head dim range, 32-bit limits).
+pub(super) fn input_shape<T: Element>(
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+) -> Result<AttnShape> {
+    let shape = check_shapes(
+        &dims(q.shape(), "Q")?,
+        &dims(k.shape(), "K")?,
+        &dims(v.shape(), "V")?,
+    )?;
+    if shape.head_dim > 256 {
+        return Err(FlashError::HeadDim(shape.head_dim));
+    }
+    Ok(shape)
+}
+
+/// Checks the shapes of O `[B, Nq, Hq, d]` and LSE `[B, Hq, Nq]` against the inputs'.
+pub(super) fn check_output_shapes<T: Element>(
+    shape: &AttnShape,
+    o: &DeviceTensor<T>,
+    lse: &DeviceTensor<f32>,
+) -> Result<()> {
+    shape.check_outputs(&dims(o.shape(), "O")?, &dims(lse.shape(), "LSE")?)
+}
+
+/// Checks where the tensors live and how they are laid out: every tensor on `dev`'s context,
+/// the head dim (and LSE's sequence dim) contiguous, heads and batch within the grid, and O
+/// not sharing a buffer with an input.
+pub(super) fn check_placement<T: Element>(
+    dev: &Device,
+    shape: &AttnShape,
+    [q, k, v]: [&DeviceTensor<T>; 3],
+    o: &DeviceTensor<T>,
+    lse: &DeviceTensor<f32>,
+) -> Result<()> {
+    for (name, ctx) in [
+        ("Q", q.context()),
+        ("K", k.context()),
+        ("V", v.context()),
+        ("O", o.context()),
+    ]
+    .into_iter()
+    .chain([("LSE", lse.context())])
+    {
+        if !Arc::ptr_eq(ctx, dev.context()) {
+            return Err(FlashError::DeviceMismatch(format!(
+                "{name} belongs to another device or context"
+            )));
+        }
+    }
+    for (name, strides) in [
+        ("Q", q.strides()),
+        ("K", k.strides()),
+        ("V", v.strides()),
+        ("O", o.strides()),
+    ] {
+        if strides[3] != 1 {
+            return Err(FlashError::Layout(format!(
+                "{name}: the head dim must be contiguous (stride 1)"
+            )));
+        }
+    }
+    if lse.strides()[2] != 1 {
+        return Err(FlashError::Layout(
+            "LSE: the sequence dim must be contiguous (stride 1)".into(),
+        ));
+    }
+    if shape.heads_q > MAX_GRID_YZ || shape.batch > MAX_GRID_YZ {
+        return Err(FlashError::TooLarge(format!(
+            "at most {MAX_GRID_YZ} heads and {MAX_GRID_YZ} batch entries per call"
+        )));
+    }
+    // The kernel reads K/V while writing O.
+    if [q, k, v].iter().any(|t| t.same_buffer(o)) {
+        return Err(FlashError::Layout(
+            "O must not share memory with Q, K or V".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// A tensor's shape as a fixed rank, or a [`FlashError::Shape`] naming it.
+fn dims<const R: usize>(shape: &[usize], name: &str) -> Result<[usize; R]> {
+    shape
+        .try_into()
+        .map_err(|_| FlashError::Shape(format!("{name} must have rank {R}, got shape {shape:?}")))
+}

@@ -1,0 +1,57 @@
+//! The kernels built by `cargo xtask build-ptx` from the `flash-attn-kernels` crate, embedded so
+//! that applications need no kernel toolchain: for every (target, kernel) of the registry, its
+//! PTX and its SASS (compiled offline by the pinned `ptxas`). `cargo xtask build-ptx --check`
+//! (run by CI) proves these files are what the committed kernel sources build to.
+
+use flash_attn_kernels::arch::Arch;
+
+include!("../kernels/index.rs");
+
+/// The embedded code of one kernel for one target.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KernelCode {
+    /// PTX text (the driver JIT-compiles it where the SASS does not run).
+    pub ptx: &'static str,
+    /// SASS cubin for the target's architecture.
+    pub sass: &'static [u8],
+}
+
+/// The code of `kernel` for `arch`, or `None` if the registry has no such kernel.
+pub(crate) fn code(arch: Arch, kernel: &str) -> Option<KernelCode> {
+    let target = arch.info().name;
+    EMBEDDED
+        .iter()
+        .find(|(a, k, _, _)| *a == target && *k == kernel)
+        .map(|&(_, _, ptx, sass)| KernelCode { ptx, sass })
+}
+
+/// Bytes embedded: (PTX, SASS).
+pub fn embedded_bytes() -> (usize, usize) {
+    EMBEDDED.iter().fold((0, 0), |(p, s), (_, _, ptx, sass)| {
+        (p + ptx.len(), s + sass.len())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flash_attn_kernels::arch::ARCHS;
+    use flash_attn_kernels::registry::ALL_KERNELS;
+
+    /// Every kernel of the registry is embedded for every target, its PTX holds exactly that
+    /// entry point, and its SASS is an ELF image.
+    #[test]
+    fn every_registered_kernel_is_embedded() {
+        assert_eq!(EMBEDDED.len(), ARCHS.len() * ALL_KERNELS.len());
+        for arch in &ARCHS {
+            for k in ALL_KERNELS {
+                let code = code(arch.arch, k.name)
+                    .unwrap_or_else(|| panic!("{} missing: run `cargo xtask build-ptx`", k.name));
+                assert!(code.ptx.contains(&format!(".entry {}(", k.name)));
+                assert_eq!(code.ptx.matches(".entry ").count(), 1);
+                assert!(code.ptx.contains(&format!(".target {}", arch.cpu)));
+                assert_eq!(&code.sass[..4], b"\x7fELF", "{}", k.name);
+            }
+        }
+    }
+}

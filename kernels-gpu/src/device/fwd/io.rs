@@ -1,0 +1,243 @@
+//! The forward kernel's memory traffic: its shared-memory layout, the K/V tile loads, the Q
+//! fragments and the epilogue that writes O and LSE.
+
+use super::super::elem::Elem;
+use super::super::frag::{AccTile, FragPos, RowVec, ThreadPos};
+use super::super::gemm::AFragments;
+use super::super::ptx;
+use super::super::softmax::OnlineSoftmax;
+use super::super::tile::{LaneOffsets, SmemTile};
+use crate::block::BlockInfo;
+use crate::mask::AttnMask;
+use crate::params::FwdParams;
+
+/// The dynamic shared memory of one block: Q `[BM][PITCH]`, then two (K, V) buffers of
+/// `[BN][PITCH]` each.
+#[derive(Clone, Copy)]
+pub struct FwdSmem<const BM: usize, const BN: usize, const PITCH: usize> {
+    /// The Q tile.
+    pub q: SmemTile<BM, PITCH>,
+    kv_base: u32,
+}
+
+/// One K/V buffer.
+#[derive(Clone, Copy)]
+pub struct KvTiles<const BN: usize, const PITCH: usize> {
+    /// Keys, `[BN][PITCH]`.
+    pub k: SmemTile<BN, PITCH>,
+    /// Values, `[BN][PITCH]`.
+    pub v: SmemTile<BN, PITCH>,
+}
+
+impl<const BM: usize, const BN: usize, const PITCH: usize> FwdSmem<BM, BN, PITCH> {
+    /// The layout starting at shared address `base`.
+    #[inline(always)]
+    pub fn at(base: u32) -> Self {
+        Self {
+            q: SmemTile::at(base),
+            kv_base: base + SmemTile::<BM, PITCH>::BYTES,
+        }
+    }
+
+    /// Loads the Q tile and key tile `n` into buffer 0 (`cp.async`), waits for them, negates
+    /// Q when the softmax scale is negative (softmax(s·c) with c < 0 is softmax(s'·|c|) for
+    /// s' = (−Q)·Kᵀ, so every step sees a positive scale), and publishes both to the block.
+    ///
+    /// # Safety
+    /// Every thread of the block calls it; `p` and `block` describe live tensors.
+    #[inline(always)]
+    pub unsafe fn load_q_and_first_kv<const D: usize, const WARPS: usize>(
+        &self,
+        p: &FwdParams,
+        block: &BlockInfo,
+        kv: &KvSource,
+        n: u32,
+        tid: u32,
+    ) {
+        let q = (p.q.ptr as *const u16).add(block.query_offset(&p.q, block.row0) as usize);
+        let (rows_left, d) = (block.rows_left(), p.dims.head_dim);
+        self.q
+            .load_async::<D, WARPS>(q, p.q.strides.row, rows_left, d, tid);
+        kv.load::<D, WARPS, BN, PITCH>(self.kv(0), n, tid);
+        ptx::cp_async_commit_group();
+        ptx::cp_async_wait_group::<0>();
+        if p.scale_log2 < 0.0 {
+            self.q.negate_own::<D, WARPS>(tid);
+        }
+        ptx::bar_sync();
+    }
+
+    /// K/V buffer `buf` (0 or 1).
+    #[inline(always)]
+    pub fn kv(&self, buf: u32) -> KvTiles<BN, PITCH> {
+        let bytes = SmemTile::<BN, PITCH>::BYTES;
+        KvTiles {
+            k: SmemTile::at(self.kv_base + 2 * buf * bytes),
+            v: SmemTile::at(self.kv_base + (2 * buf + 1) * bytes),
+        }
+    }
+}
+
+/// Where a block's keys and values live in global memory.
+#[derive(Clone, Copy)]
+pub struct KvSource {
+    k: *const u16,
+    v: *const u16,
+    k_row: u64,
+    v_row: u64,
+    seqlen_k: u32,
+    head_dim: u32,
+}
+
+impl KvSource {
+    /// The K and V rows of `block`'s KV head.
+    #[inline(always)]
+    pub unsafe fn new(p: &FwdParams, block: &BlockInfo) -> Self {
+        Self {
+            k: (p.k.ptr as *const u16).add(block.key_offset(&p.k, 0) as usize),
+            v: (p.v.ptr as *const u16).add(block.key_offset(&p.v, 0) as usize),
+            k_row: p.k.strides.row,
+            v_row: p.v.strides.row,
+            seqlen_k: block.seqlen_k,
+            head_dim: p.dims.head_dim,
+        }
+    }
+
+    /// Starts the `cp.async` copies of key tile `n` into `dst` (keys past the sequence are
+    /// zero-filled); the caller commits the group.
+    #[inline(always)]
+    pub unsafe fn load<const D: usize, const WARPS: usize, const BN: usize, const PITCH: usize>(
+        &self,
+        dst: KvTiles<BN, PITCH>,
+        n: u32,
+        tid: u32,
+    ) {
+        let key0 = n * BN as u32;
+        let valid = self.seqlen_k - key0;
+        let k = self.k.add(key0 as usize * self.k_row as usize);
+        let v = self.v.add(key0 as usize * self.v_row as usize);
+        dst.k
+            .load_async::<D, WARPS>(k, self.k_row, valid, self.head_dim, tid);
+        dst.v
+            .load_async::<D, WARPS>(v, self.v_row, valid, self.head_dim, tid);
+    }
+}
+
+/// The warp's Q fragments: kept in registers for the whole key loop when `IN_REGS`, else
+/// re-read from shared memory at every step (saves registers for large head dims).
+pub struct QFragments<const MT: usize, const K_STEPS: usize, const IN_REGS: bool>(
+    [[[u32; 4]; K_STEPS]; MT],
+);
+
+impl<const MT: usize, const K_STEPS: usize, const IN_REGS: bool> QFragments<MT, K_STEPS, IN_REGS> {
+    /// Loads the fragments of the warp's rows (from `m0`) when they stay in registers.
+    ///
+    /// # Safety
+    /// The whole warp calls it after the Q tile is published.
+    #[inline(always)]
+    pub unsafe fn load<const BM: usize, const PITCH: usize>(
+        q: SmemTile<BM, PITCH>,
+        lanes: &LaneOffsets,
+        m0: usize,
+    ) -> Self {
+        let mut f = [[[0u32; 4]; K_STEPS]; MT];
+        if IN_REGS {
+            for (mt, frags) in f.iter_mut().enumerate() {
+                for (ks, frag) in frags.iter_mut().enumerate() {
+                    *frag = q.load_a(lanes, m0, mt, ks);
+                }
+            }
+        }
+        Self(f)
+    }
+
+    /// The A fragments of every m-tile for reduction step `ks`.
+    ///
+    /// # Safety
+    /// As [`QFragments::load`].
+    #[inline(always)]
+    pub unsafe fn a<const BM: usize, const PITCH: usize>(
+        &self,
+        q: SmemTile<BM, PITCH>,
+        lanes: &LaneOffsets,
+        m0: usize,
+        ks: usize,
+    ) -> [[u32; 4]; MT] {
+        core::array::from_fn(|mt| {
+            if IN_REGS {
+                self.0[mt][ks]
+            } else {
+                q.load_a(lanes, m0, mt, ks)
+            }
+        })
+    }
+}
+
+/// The warp's Q operand for one step: its fragments, from registers or from the Q tile.
+pub struct QOperand<
+    'a,
+    const MT: usize,
+    const K_STEPS: usize,
+    const IN_REGS: bool,
+    const BM: usize,
+    const PITCH: usize,
+> {
+    /// The fragments kept in registers (unused unless `IN_REGS`).
+    pub frags: &'a QFragments<MT, K_STEPS, IN_REGS>,
+    /// The Q tile.
+    pub tile: SmemTile<BM, PITCH>,
+    /// First row of the warp's m-tiles in the tile.
+    pub m0: usize,
+}
+
+impl<
+        const MT: usize,
+        const K_STEPS: usize,
+        const IN_REGS: bool,
+        const BM: usize,
+        const PITCH: usize,
+    > AFragments<MT> for QOperand<'_, MT, K_STEPS, IN_REGS, BM, PITCH>
+{
+    #[inline(always)]
+    unsafe fn a(&self, lanes: &LaneOffsets, ks: usize) -> [[u32; 4]; MT] {
+        self.frags.a(self.tile, lanes, self.m0, ks)
+    }
+}
+
+/// Finishes the softmax and writes O (normalised, 16-bit, 4 bytes per store) and LSE for the
+/// warp's rows starting at sequence row `first_row`; rows past the sequence are skipped. Rows
+/// the mask lets see no key get O = 0, LSE = −∞ (see [`OnlineSoftmax::finish`]).
+///
+/// # Safety
+/// The whole warp calls it; `p` describes live tensors.
+#[inline(always)]
+pub unsafe fn store_output<E: Elem, M: AttnMask, const MT: usize, const D_TILES: usize>(
+    p: &FwdParams,
+    block: &BlockInfo,
+    mask: &M,
+    first_row: u32,
+    o: &AccTile<MT, D_TILES>,
+    softmax: &OnlineSoftmax<MT>,
+) {
+    let pos = FragPos::of(ThreadPos::current().lane);
+    let rows = RowVec::<u32, MT>::from_fn(|mt, r| first_row + pos.row(mt, r));
+    let fin = softmax.finish(rows.map(|row| mask.row_sees_keys(row)));
+    fin.inv_l.for_each(|mt, r, inv| {
+        let row = rows.0[mt][r];
+        if row >= block.seqlen_q {
+            return;
+        }
+        let dst = (p.o.ptr as *mut u16).add(block.query_offset(&p.o, row) as usize);
+        for dt in 0..D_TILES {
+            let col = pos.col(dt, 0);
+            if col < p.dims.head_dim {
+                let [x0, x1] = o.pair(mt, r, dt);
+                *(dst.add(col as usize) as *mut u32) = E::pack(x0 * inv, x1 * inv);
+            }
+        }
+        if pos.leads_quad() {
+            let at = block.row_stat_offset(&p.lse, row);
+            *(p.lse.ptr as *mut f32).add(at as usize) = fin.lse.0[mt][r];
+        }
+    });
+}

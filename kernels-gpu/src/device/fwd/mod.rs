@@ -1,0 +1,201 @@
+//! Forward attention: FlashAttention 2, Algorithm 1 with the query-outer loop order.
+//!
+//! One block computes `O[row0 .. row0 + BM]` for one (head, batch):
+//!
+//! ```text
+//! load Q tile                                  global → shared (cp.async) [→ registers]
+//! m = −∞, l = 0, O = 0                         registers (OnlineSoftmax, AccTile)
+//! for each key tile j the mask visits,         last first: masked tiles come first
+//!     prefetch the next tile                   cp.async into the other buffer
+//!     S = Q·Kⱼᵀ                                mma.sync m16n8k16, f32 accumulators
+//!     mask S (only tiles the mask flags), modify scores (masks that do)
+//!     P, m, l ← online softmax of S            O rescaled only when some row max moved
+//!     O += P·Vⱼ                                P converted to 16 bits in registers: it is
+//!                                              already the A fragment of the next mma
+//! O /= l;  LSE = (m + log2 l)·ln 2             one write of O and LSE per row
+//! ```
+//!
+//! Tile shape: `BM = 16·MT·WARPS` query rows per block; each warp owns `MT` m-tiles of 16 rows
+//! (every K/V fragment loaded from shared memory feeds `MT` mmas); `BN` keys per K/V tile; `D`
+//! is the compiled head dim. Shared memory (dynamic, see
+//! [`crate::config::FwdTile::smem_bytes`]): Q `[BM][PITCH]`, then two buffers of K `[BN][PITCH]`
+//! and V `[BN][PITCH]`, all swizzled. Registers per thread: O `MT × D/8 × 4` f32, S
+//! `MT × BN/8 × 4` f32, Q fragments `MT × D/16 × 4` u32 (only when `Q_IN_REGS`; else re-read
+//! with `ldmatrix` at every step), m, l for `2·MT` rows.
+//! Sync points: one `bar.sync` per K/V tile (after its `cp.async` group completes; it also
+//! frees the buffer the prefetch then overwrites).
+
+mod io;
+
+use super::elem::Elem;
+use super::frag::{AccTile, FragPos, RowVec, ThreadPos};
+use super::gemm::{mma_abt, mma_pb};
+use super::ptx;
+use super::softmax::OnlineSoftmax;
+use super::tile::LaneOffsets;
+use crate::block::BlockInfo;
+use crate::config::MMA_M;
+use crate::mask::AttnMask;
+use crate::params::FwdParams;
+use core::marker::PhantomData;
+use io::{store_output, FwdSmem, KvSource, KvTiles, QFragments, QOperand};
+
+/// The forward kernel body for any mask type `M`; see the module docs. Const parameters: `D`
+/// compiled head dim, `PITCH` shared row length, `BM`/`BN` tile rows/keys, `WARPS`, `MT`
+/// m-tiles per warp, `Q_IN_REGS`, and the derived counts `K_STEPS = D/16`, `D_TILES = D/8`,
+/// `N_TILES = BN/8` (stable Rust cannot compute array lengths from const parameters, so the
+/// registry passes them and this checks them).
+///
+/// # Safety
+/// Launched with grid `(ceil(seqlen_q / BM), heads_q, batch)`, `32·WARPS` threads and
+/// `FwdTile::smem_bytes()` bytes of dynamic shared memory, on parameters the host validated.
+#[inline(always)]
+pub unsafe fn flash_fwd<
+    E: Elem,
+    M: AttnMask,
+    const D: usize,
+    const PITCH: usize,
+    const BM: usize,
+    const BN: usize,
+    const WARPS: usize,
+    const MT: usize,
+    const Q_IN_REGS: bool,
+    const K_STEPS: usize,
+    const D_TILES: usize,
+    const N_TILES: usize,
+>(
+    p: &FwdParams,
+) {
+    const {
+        assert!(K_STEPS * 16 == D && D_TILES * 8 == D && N_TILES * 8 == BN);
+        assert!(BM == WARPS * MMA_M * MT && BN % 16 == 0 && D % 16 == 0 && PITCH >= D);
+    };
+    let me = ThreadPos::current();
+    let longest_first = M::later_rows_see_more(&p.mask);
+    let block = BlockInfo::new(
+        &p.dims,
+        ptx::ctaid(),
+        ptx::nctaid_x(),
+        BM as u32,
+        longest_first,
+    );
+    let mask = M::new(&p.mask, &block);
+    let warp_m0 = me.warp as usize * MMA_M * MT; // first row of this warp's m-tiles
+    let mut o = AccTile::<MT, D_TILES>::zero();
+    let mut softmax = OnlineSoftmax::<MT>::new();
+
+    let (row0, bm, bn) = (block.row0, BM as u32, BN as u32);
+    if let Some(mut n) = mask.first_key_tile(row0, bm, bn) {
+        let smem = FwdSmem::<BM, BN, PITCH>::at(ptx::dyn_smem_base());
+        let kv = KvSource::new(p, &block);
+        smem.load_q_and_first_kv::<D, WARPS>(p, &block, &kv, n, me.tid); // ends in bar.sync
+        let scale = p.scale_log2.abs(); // a negative scale was folded into Q
+        let lanes = LaneOffsets::new::<PITCH>(me.lane);
+        let pos = FragPos::of(me.lane);
+        let rows = RowVec::<u32, MT>::from_fn(|mt, r| row0 + pos.row(mt, r) + warp_m0 as u32);
+        let q_frags = QFragments::<MT, K_STEPS, Q_IN_REGS>::load(smem.q, &lanes, warp_m0);
+        let mut buf = 0;
+        loop {
+            let next = mask.next_key_tile(row0, bm, bn, n);
+            if let Some(next) = next {
+                kv.load::<D, WARPS, BN, PITCH>(smem.kv(buf ^ 1), next, me.tid);
+                ptx::cp_async_commit_group();
+            }
+            let step = Step::<E, M, BM, BN, PITCH, MT, K_STEPS, N_TILES, Q_IN_REGS> {
+                q: QOperand {
+                    frags: &q_frags,
+                    tile: smem.q,
+                    m0: warp_m0,
+                },
+                kv: smem.kv(buf),
+                mask: &mask,
+                scale,
+                lane: me.lane,
+                lanes,
+                rows,
+                key0: n * BN as u32,
+                elem: PhantomData,
+            };
+            if mask.tile_needs_mask(row0, bm, n, bn) {
+                step.attend::<true, D_TILES>(&mut softmax, &mut o);
+            } else {
+                step.attend::<false, D_TILES>(&mut softmax, &mut o);
+            }
+            let Some(next) = next else { break };
+            (n, buf) = (next, buf ^ 1);
+            ptx::cp_async_wait_group::<0>();
+            ptx::bar_sync(); // tile `next` landed; every warp is done with the buffer it frees
+        }
+    }
+    store_output::<E, M, MT, D_TILES>(p, &block, &mask, row0 + warp_m0 as u32, &o, &softmax);
+}
+
+/// One step of the key loop: what this thread reads and where its rows and keys are.
+struct Step<
+    'a,
+    E,
+    M,
+    const BM: usize,
+    const BN: usize,
+    const PITCH: usize,
+    const MT: usize,
+    const K_STEPS: usize,
+    const N_TILES: usize,
+    const Q_IN_REGS: bool,
+> {
+    /// The warp's Q fragments (registers or the Q tile).
+    q: QOperand<'a, MT, K_STEPS, Q_IN_REGS, BM, PITCH>,
+    /// This step's K and V tiles.
+    kv: KvTiles<BN, PITCH>,
+    mask: &'a M,
+    /// `|softmax_scale|·log2(e)` (a negative scale is folded into Q).
+    scale: f32,
+    lane: u32,
+    /// This lane's `ldmatrix` offsets.
+    lanes: LaneOffsets,
+    /// Sequence rows of the thread's accumulator rows.
+    rows: RowVec<u32, MT>,
+    /// First key of the tile.
+    key0: u32,
+    elem: PhantomData<(E, [(); N_TILES])>,
+}
+
+impl<
+        E: Elem,
+        M: AttnMask,
+        const BM: usize,
+        const BN: usize,
+        const PITCH: usize,
+        const MT: usize,
+        const K_STEPS: usize,
+        const N_TILES: usize,
+        const Q_IN_REGS: bool,
+    > Step<'_, E, M, BM, BN, PITCH, MT, K_STEPS, N_TILES, Q_IN_REGS>
+{
+    /// One step of Algorithm 1 for this key tile. `MASKED`: the tile holds keys some row may
+    /// not see, so the mask's predicate runs (inside the softmax's max pass).
+    #[inline(always)]
+    unsafe fn attend<const MASKED: bool, const D_TILES: usize>(
+        &self,
+        softmax: &mut OnlineSoftmax<MT>,
+        o: &mut AccTile<MT, D_TILES>,
+    ) {
+        let lanes = self.lanes.step_local();
+        let mut s = AccTile::<MT, N_TILES>::zero(); // S = Q·Kᵀ: 16·MT × BN per warp
+        mma_abt::<E, MT, N_TILES, K_STEPS, BN, PITCH>(&mut s, &self.q, self.kv.k, &lanes);
+        let pos = FragPos::of(ptx::opaque_u32(self.lane));
+        if M::MODIFIES_SCORES {
+            s.map_scores(&self.rows, pos, self.key0, |r, k, x| {
+                self.mask.modify_score(r, k, x)
+            });
+        }
+        let visible = |mt: usize, r: usize, nt: usize, c: usize| {
+            self.mask
+                .visible(self.rows.0[mt][r], self.key0 + pos.col(nt, c))
+        };
+        if let Some(rescale) = softmax.update::<MASKED, N_TILES>(&mut s, self.scale, visible) {
+            o.scale_rows(&rescale); // O ·= 2^(m − m')
+        }
+        mma_pb::<E, MT, N_TILES, D_TILES, BN, PITCH>(o, &s, self.kv.v, &lanes); // O += P·V
+    }
+}

@@ -1,0 +1,77 @@
+//! Warp-level matrix products on the tile layers: `mma.sync.m16n8k16` over register tiles
+//! ([`AccTile`]) with B operands read from shared tiles ([`SmemTile`]) by `ldmatrix`. Every K
+//! or V fragment read from shared memory feeds the warp's `MT` m-tiles.
+
+use super::elem::Elem;
+use super::frag::AccTile;
+use super::tile::{LaneOffsets, SmemTile};
+
+/// Where the A operand of [`mma_abt`] comes from (registers or shared memory).
+pub trait AFragments<const MT: usize> {
+    /// The A fragments of every m-tile for reduction step `ks` (16 wide).
+    ///
+    /// # Safety
+    /// The whole warp calls it; shared data is written and synchronised.
+    unsafe fn a(&self, lanes: &LaneOffsets, ks: usize) -> [[u32; 4]; MT];
+}
+
+/// `acc += A·Bᵀ` over `K_STEPS` reduction steps of 16, where `a` gives the A fragments of
+/// every m-tile and `b` is stored `[n][k]` (K, for `S = Q·Kᵀ`).
+///
+/// # Safety
+/// The whole warp calls it; `b` is written and synchronised.
+#[inline(always)]
+pub unsafe fn mma_abt<
+    E: Elem,
+    const MT: usize,
+    const NT: usize,
+    const K_STEPS: usize,
+    const ROWS: usize,
+    const PITCH: usize,
+>(
+    acc: &mut AccTile<MT, NT>,
+    a: &impl AFragments<MT>,
+    b: SmemTile<ROWS, PITCH>,
+    lanes: &LaneOffsets,
+) {
+    for ks in 0..K_STEPS {
+        let a = a.a(lanes, ks);
+        for np in 0..NT / 2 {
+            let b = b.load_b_pair_nk(lanes, np, ks);
+            for (mt, a) in a.iter().enumerate() {
+                acc.mma_pair::<E>(mt, np, *a, b);
+            }
+        }
+    }
+}
+
+/// `acc += P·B` where P is a register tile (converted to `E`: the accumulator layout of two
+/// adjacent n-tiles is one A fragment, so P never leaves registers) and `b` is stored `[k][n]`
+/// (V, for `O += P·V`).
+///
+/// # Safety
+/// As [`mma_abt`].
+#[inline(always)]
+pub unsafe fn mma_pb<
+    E: Elem,
+    const MT: usize,
+    const NT: usize,
+    const DT: usize,
+    const ROWS: usize,
+    const PITCH: usize,
+>(
+    acc: &mut AccTile<MT, DT>,
+    p: &AccTile<MT, NT>,
+    b: SmemTile<ROWS, PITCH>,
+    lanes: &LaneOffsets,
+) {
+    for ks in 0..NT / 2 {
+        let a: [[u32; 4]; MT] = core::array::from_fn(|mt| p.a_fragment::<E>(mt, ks));
+        for dp in 0..DT / 2 {
+            let b = b.load_b_pair_kn(lanes, ks, dp);
+            for (mt, a) in a.iter().enumerate() {
+                acc.mma_pair::<E>(mt, dp, *a, b);
+            }
+        }
+    }
+}

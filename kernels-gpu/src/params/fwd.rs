@@ -1,0 +1,33 @@
+//! Parameters of the forward family.
+
+use super::{MaskArgs, RowStatsRef, SeqDims, TensorRef};
+
+/// Parameters of the forward kernels (`flash_fwd_*`).
+///
+/// Q is `[batch, seqlen_q, heads_q, head_dim]`, K and V are `[batch, seqlen_k, heads_kv,
+/// head_dim]`, O has Q's shape and LSE is `[batch, heads_q, seqlen_q]` f32 (natural log).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FwdParams {
+    /// Queries.
+    pub q: TensorRef,
+    /// Keys.
+    pub k: TensorRef,
+    /// Values.
+    pub v: TensorRef,
+    /// Output (written).
+    pub o: TensorRef,
+    /// Log-sum-exp per query row (written).
+    pub lse: RowStatsRef,
+    /// Sizes.
+    pub dims: SeqDims,
+    /// `softmax_scale · log2(e)`: scores are scaled once into the base-2 domain.
+    pub scale_log2: f32,
+    /// Mask arguments.
+    pub mask: MaskArgs,
+}
+
+const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 8);
+const _: () = assert!(core::mem::offset_of!(FwdParams, lse) == 128);
+const _: () = assert!(core::mem::offset_of!(FwdParams, dims) == 152);
+const _: () = assert!(core::mem::offset_of!(FwdParams, mask) == 180);

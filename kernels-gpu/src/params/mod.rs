@@ -1,0 +1,110 @@
+//! Launch parameters, passed by value to the kernels. `#[repr(C)]` and defined only here: the
+//! host fills these structs and the kernels read them, so both sides compile these files.
+//!
+//! Each family has its own struct in its own module ([`fwd`], [`pad`]), assembled from the
+//! shared sub-structs below: a tensor's address and strides ([`TensorRef`]), the problem's
+//! dimensions ([`SeqDims`]), the per-row statistics output ([`RowStatsRef`]) and the mask's
+//! arguments ([`MaskArgs`]). Later families (backward, decode) reuse them.
+
+mod fwd;
+mod pad;
+
+pub use fwd::FwdParams;
+pub use pad::{PadParams, PAD_SCATTER};
+
+/// Bit set in [`MaskArgs::flags`] for causal masking (aligned to the bottom-right corner).
+pub const FLAG_CAUSAL: u32 = 1;
+
+/// Element strides of one 4-D tensor laid out as `[batch, seq, head, dim]` (dim contiguous).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Strides {
+    /// Elements between consecutive batch entries.
+    pub batch: u64,
+    /// Elements between consecutive sequence positions.
+    pub row: u64,
+    /// Elements between consecutive heads.
+    pub head: u64,
+}
+
+impl Strides {
+    /// Element offset of `(batch, row, head, 0)`, in 64-bit arithmetic so tensors past 2³¹
+    /// elements index correctly.
+    #[inline(always)]
+    pub fn offset(&self, batch: u32, row: u32, head: u32) -> u64 {
+        batch as u64 * self.batch + row as u64 * self.row + head as u64 * self.head
+    }
+}
+
+/// A `[batch, seq, head, dim]` tensor of 16-bit elements: device address and strides. Every
+/// row start must be 16-byte aligned (the host checks, or passes a padded copy).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TensorRef {
+    /// Device address of element `(0, 0, 0, 0)`.
+    pub ptr: u64,
+    /// Element strides.
+    pub strides: Strides,
+}
+
+/// An f32 `[batch, head, seq]` tensor of per-row statistics (the LSE), rows contiguous.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RowStatsRef {
+    /// Device address.
+    pub ptr: u64,
+    /// Elements between consecutive batch entries.
+    pub batch_stride: u64,
+    /// Elements between consecutive heads.
+    pub head_stride: u64,
+}
+
+impl RowStatsRef {
+    /// Element offset of `(batch, head, row)`.
+    #[inline(always)]
+    pub fn offset(&self, batch: u32, head: u32, row: u32) -> u64 {
+        batch as u64 * self.batch_stride + head as u64 * self.head_stride + row as u64
+    }
+}
+
+/// The problem's dimensions: the same for every sequence of the batch (per-sequence lengths,
+/// when they come, are read by the block information, see [`crate::block`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeqDims {
+    /// Batch size.
+    pub batch: u32,
+    /// Number of query heads.
+    pub heads_q: u32,
+    /// Number of key/value heads (divides `heads_q`).
+    pub heads_kv: u32,
+    /// Query sequence length.
+    pub seqlen_q: u32,
+    /// Key/value sequence length.
+    pub seqlen_k: u32,
+    /// The caller's head dim, rounded up to a multiple of 8 (≤ the kernel's compiled head dim;
+    /// the rest of the tile is zero-filled).
+    pub head_dim: u32,
+}
+
+/// Arguments of the mask types ([`crate::mask`]); each mask reads what it needs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MaskArgs {
+    /// `FLAG_*` bits.
+    pub flags: u32,
+}
+
+impl MaskArgs {
+    /// Whether causal masking is on.
+    #[inline(always)]
+    pub fn causal(&self) -> bool {
+        self.flags & FLAG_CAUSAL != 0
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<Strides>() == 24);
+const _: () = assert!(core::mem::size_of::<TensorRef>() == 32);
+const _: () = assert!(core::mem::size_of::<RowStatsRef>() == 24);
+const _: () = assert!(core::mem::size_of::<SeqDims>() == 24);
+const _: () = assert!(core::mem::size_of::<MaskArgs>() == 4);

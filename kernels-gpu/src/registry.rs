@@ -1,0 +1,303 @@
+//! Every compiled kernel, declared once.
+//!
+//! The [`registry!`] invocation at the bottom is the only list of kernels: it expands to the
+//! device entry points (on `nvptx64`), to the tables the host dispatches from
+//! ([`FWD_KERNELS`], [`ALL_KERNELS`]), and from those the ptxas report, the kernel build's
+//! per-kernel files and the tests enumerate kernels. Adding a kernel is one line here.
+//!
+//! What is a compile-time variant: the family, the element type, the head dim and the mask
+//! kind (each changes the instruction stream or the register tiles). What is a runtime
+//! argument: sequence lengths, strides, the softmax scale and the causal flag of
+//! [`MaskKind::Causal`] (a warp-uniform branch outside the inner loop: one kernel serves both
+//! instead of doubling the PTX; see docs/design.md).
+
+use crate::arch::{Arch, ARCH_COUNT};
+use crate::config::{FwdTile, PAD_THREADS};
+
+/// Element type of a kernel's 16-bit tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelDType {
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+/// Which mask type a kernel is compiled with (a [`crate::mask::AttnMask`] implementation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MaskKind {
+    /// [`crate::mask::CausalMask`]: sequence tails, plus bottom-right causal masking when the
+    /// params' causal flag is set.
+    Causal,
+}
+
+/// Kernel family: which algorithm and which parameter struct.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Forward attention, [`crate::params::FwdParams`].
+    Fwd,
+    /// Strided ⇄ packed copy, [`crate::params::PadParams`].
+    Layout,
+}
+
+/// One forward kernel per element type for a (head dim, mask kind).
+#[derive(Clone, Copy, Debug)]
+pub struct FwdKernel {
+    /// Compiled head dim; callers' smaller head dims run zero-padded on it.
+    pub head_dim: usize,
+    /// Mask type.
+    pub mask: MaskKind,
+    /// Entry point names, indexed by [`KernelDType`] (`F16`, `Bf16`).
+    pub names: [&'static str; 2],
+    /// Tile shape per target, in [`crate::arch::ARCHS`] order.
+    pub tiles: [FwdTile; ARCH_COUNT],
+}
+
+impl FwdKernel {
+    /// The entry point for `dtype`.
+    pub const fn name(&self, dtype: KernelDType) -> &'static str {
+        self.names[dtype as usize]
+    }
+
+    /// The tile shape on `arch`.
+    pub const fn tile(&self, arch: Arch) -> FwdTile {
+        self.tiles[arch.index()]
+    }
+}
+
+/// Launch resources of any registered kernel (for the ptxas report and the loader's checks).
+#[derive(Clone, Copy, Debug)]
+pub struct KernelInfo {
+    /// Entry point name.
+    pub name: &'static str,
+    /// Family.
+    pub family: Family,
+    /// Dynamic shared memory per block, per target.
+    pub dyn_smem: [usize; ARCH_COUNT],
+    /// Threads per block, per target.
+    pub threads: [usize; ARCH_COUNT],
+}
+
+/// The forward kernel that runs a caller's `head_dim` under `mask`: the one with the smallest
+/// compiled head dim ≥ it; `None` for 0 and above the largest.
+pub const fn fwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static FwdKernel> {
+    let mut best: Option<&'static FwdKernel> = None;
+    let mut i = 0;
+    while i < FWD_KERNELS.len() {
+        let k = &FWD_KERNELS[i];
+        let fits = head_dim > 0 && head_dim <= k.head_dim && k.mask as u8 == mask as u8;
+        if fits {
+            best = match best {
+                Some(b) if b.head_dim <= k.head_dim => Some(b),
+                _ => Some(k),
+            };
+        }
+        i += 1;
+    }
+    best
+}
+
+/// The largest head dim any forward kernel takes.
+pub const fn max_fwd_head_dim() -> usize {
+    let mut max = 0;
+    let mut i = 0;
+    while i < FWD_KERNELS.len() {
+        if FWD_KERNELS[i].head_dim > max {
+            max = FWD_KERNELS[i].head_dim;
+        }
+        i += 1;
+    }
+    max
+}
+
+/// Expands the kernel list into the host tables and (on nvptx64) the entry points.
+macro_rules! registry {
+    (
+        fwd { $( $d:literal $mask:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
+        layout { $( $pad:ident; )* }
+    ) => {
+        /// Every forward kernel.
+        pub const FWD_KERNELS: &[FwdKernel] = &[$(
+            FwdKernel {
+                head_dim: $d,
+                mask: MaskKind::$mask,
+                names: [stringify!($f16), stringify!($bf16)],
+                tiles: tiles_of($d, $tiles),
+            },
+        )*];
+
+        /// Every kernel of every family, with its launch resources.
+        pub const ALL_KERNELS: &[KernelInfo] = &[
+            $(
+                fwd_info(stringify!($f16), tiles_of($d, $tiles)),
+                fwd_info(stringify!($bf16), tiles_of($d, $tiles)),
+            )*
+            $(
+                KernelInfo {
+                    name: stringify!($pad),
+                    family: Family::Layout,
+                    dyn_smem: [0; ARCH_COUNT],
+                    threads: [PAD_THREADS; ARCH_COUNT],
+                },
+            )*
+        ];
+
+        /// The entry points: thin wrappers that pick the tile of the target being compiled
+        /// and call the generic kernel bodies in `device`.
+        #[cfg(target_arch = "nvptx64")]
+        mod entries {
+            use super::*;
+            $(
+                fwd_entry!($f16, F16, $mask, $d, $tiles);
+                fwd_entry!($bf16, Bf16, $mask, $d, $tiles);
+            )*
+            $(
+                /// Strided ⇄ packed copy of 16-bit tensors; see `device::pad`.
+                ///
+                /// # Safety
+                /// Launched by the host crate on validated parameters.
+                #[no_mangle]
+                pub unsafe extern "ptx-kernel" fn $pad(p: crate::params::PadParams) {
+                    crate::device::pad::pad_copy_b16(&p)
+                }
+            )*
+        }
+    };
+}
+
+/// One forward entry point (see `device::fwd::flash_fwd`).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! fwd_entry {
+    ($name:ident, $elem:ident, $mask:ident, $d:literal, $tiles:expr) => {
+        /// Forward attention for one (dtype, head dim, mask); see `device::fwd` for the
+        /// algorithm and the registry for the tile shape.
+        ///
+        /// # Safety
+        /// Launched by the host crate with the grid, block and shared memory of its tile.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::FwdParams) {
+            const T: FwdTile = tiles_of($d, $tiles)[Arch::current().index()];
+            crate::device::fwd::flash_fwd::<
+                crate::device::elem::$elem,
+                crate::mask::kind::$mask,
+                $d,
+                { T.smem_pitch() },
+                { T.block_m },
+                { T.block_n },
+                { T.warps },
+                { T.m_tiles },
+                { T.q_in_regs },
+                { $d / 16 },
+                { $d / 8 },
+                { T.block_n / 8 },
+            >(&p)
+        }
+    };
+}
+
+/// The registry's per-target `(warps, m_tiles, block_n, q_in_regs)` as tiles.
+const fn tiles_of(
+    head_dim: usize,
+    shapes: [(usize, usize, usize, bool); ARCH_COUNT],
+) -> [FwdTile; ARCH_COUNT] {
+    let mut out = [FwdTile::new(head_dim, shapes[0]); ARCH_COUNT];
+    let mut i = 1;
+    while i < ARCH_COUNT {
+        out[i] = FwdTile::new(head_dim, shapes[i]);
+        i += 1;
+    }
+    out
+}
+
+const fn fwd_info(name: &'static str, tiles: [FwdTile; ARCH_COUNT]) -> KernelInfo {
+    let mut dyn_smem = [0; ARCH_COUNT];
+    let mut threads = [0; ARCH_COUNT];
+    let mut i = 0;
+    while i < ARCH_COUNT {
+        dyn_smem[i] = tiles[i].smem_bytes();
+        threads[i] = tiles[i].threads();
+        i += 1;
+    }
+    KernelInfo {
+        name,
+        family: Family::Fwd,
+        dyn_smem,
+        threads,
+    }
+}
+
+// The kernels. Forward rows: compiled head dim, mask kind, entry names (f16, bf16), and the
+// tile `(warps, m_tiles, block_n, q_in_regs)` per target in `ARCHS` order (sm_80, sm_90a).
+// Hopper's register allocation fits 64-key tiles at d = 128 without spills (measured faster:
+// docs/perf-notes.md); sm_80..sm_89 spill there.
+registry! {
+    fwd {
+        32 Causal [flash_fwd_f16_d32, flash_fwd_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
+        64 Causal [flash_fwd_f16_d64, flash_fwd_bf16_d64] [(4, 2, 64, true), (4, 2, 64, true)];
+        96 Causal [flash_fwd_f16_d96, flash_fwd_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Causal [flash_fwd_f16_d128, flash_fwd_bf16_d128] [(4, 2, 32, false), (4, 2, 64, false)];
+        256 Causal [flash_fwd_f16_d256, flash_fwd_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+    }
+    layout {
+        pad_copy_b16;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::config::{MMA_M, PAD_KERNEL_NAME};
+    use std::format;
+
+    #[test]
+    fn every_tile_is_consistent() {
+        for k in FWD_KERNELS {
+            for t in k.tiles {
+                assert_eq!(t.head_dim, k.head_dim);
+                assert_eq!(t.block_m, t.warps * MMA_M * t.m_tiles);
+                assert_eq!(t.block_n % 16, 0);
+                assert_eq!(k.head_dim % 16, 0);
+                // fits the smallest opt-in shared memory of the targets (sm_86/sm_89: 99 KiB)
+                assert!(
+                    t.smem_bytes() <= 99 * 1024,
+                    "d={}: {}",
+                    k.head_dim,
+                    t.smem_bytes()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn names_follow_the_convention_and_are_unique() {
+        for k in FWD_KERNELS {
+            assert_eq!(
+                k.name(KernelDType::F16),
+                format!("flash_fwd_f16_d{}", k.head_dim)
+            );
+            assert_eq!(
+                k.name(KernelDType::Bf16),
+                format!("flash_fwd_bf16_d{}", k.head_dim)
+            );
+        }
+        let mut names: std::vec::Vec<_> = ALL_KERNELS.iter().map(|k| k.name).collect();
+        assert!(names.contains(&PAD_KERNEL_NAME));
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), ALL_KERNELS.len());
+        assert_eq!(ALL_KERNELS.len(), 2 * FWD_KERNELS.len() + 1);
+    }
+
+    #[test]
+    fn head_dims_round_up() {
+        let d = |x| fwd_kernel(x, MaskKind::Causal).map(|k| k.head_dim);
+        assert_eq!(d(0), None);
+        assert_eq!(d(1), Some(32));
+        assert_eq!(d(64), Some(64));
+        assert_eq!(d(65), Some(96));
+        assert_eq!(d(200), Some(256));
+        assert_eq!(d(257), None);
+        assert_eq!(max_fwd_head_dim(), 256);
+    }
+}
