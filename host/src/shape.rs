@@ -70,6 +70,36 @@ impl AttnShape {
         }
         Ok(())
     }
+
+    /// Checks the extra inputs of the backward pass: the forward's output O and the incoming
+    /// gradient dO have Q's shape, the forward's LSE is `[B, Hq, Nq]`.
+    pub fn check_backward_inputs(
+        &self,
+        o: &[usize; 4],
+        d_o: &[usize; 4],
+        lse: &[usize; 3],
+    ) -> Result<()> {
+        expect_dims("O", o, &self.q_dims(), "the shape of Q")?;
+        expect_dims("dO", d_o, &self.q_dims(), "the shape of Q")?;
+        expect_dims("LSE", lse, &self.lse_dims(), "[batch, heads_q, seqlen_q]")
+    }
+
+    /// Checks the shapes of caller-provided gradients: dQ like Q, dK and dV like K and V.
+    pub fn check_gradients(&self, dq: &[usize; 4], dk: &[usize; 4], dv: &[usize; 4]) -> Result<()> {
+        expect_dims("gradient dQ", dq, &self.q_dims(), "the shape of Q")?;
+        expect_dims("gradient dK", dk, &self.kv_dims(), "the shape of K")?;
+        expect_dims("gradient dV", dv, &self.kv_dims(), "the shape of V")
+    }
+}
+
+/// A [`FlashError::Shape`] naming `what` unless `got` is `want` (described as `like`).
+fn expect_dims(what: &str, got: &[usize], want: &[usize], like: &str) -> Result<()> {
+    if got == want {
+        return Ok(());
+    }
+    Err(FlashError::Shape(format!(
+        "{what} is {got:?}, expected {want:?} ({like})"
+    )))
 }
 
 /// Validates the shapes of Q, K and V and returns the sizes of the call.

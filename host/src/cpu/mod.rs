@@ -7,6 +7,12 @@
 //! - [`attention_reference`]: naive float64 attention with materialised scores; the test oracle.
 //! - [`attention_naive`]: the same naive algorithm in an element type `T` (scores and
 //!   probabilities rounded to `T`), the yardstick of the accuracy rule.
+//! - [`attention_backward_cpu`] / [`attention_backward_cpu_into`]: FlashAttention-2's tiled
+//!   backward pass (key tiles outside, query tiles inside, P recomputed from the forward's LSE,
+//!   f32 accumulation, one deterministic job per (batch, key/value head)), visiting and masking
+//!   the same tiles as the forward pass.
+//! - [`attention_backward_reference`] and [`attention_backward_naive`]: the naive backward in
+//!   float64 (the oracle of the gradient tests) and in `T` (the yardstick).
 //!
 //! All of them take Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` with any strides, and return
 //! O `[B, Nq, Hq, d]` and the natural-log LSE `[B, Hq, Nq]`. A query row that sees no key gets
@@ -15,13 +21,19 @@
 //! buffers cannot exist is a [`crate::FlashError`], not a panic or an abort.
 
 mod alloc;
+mod backward_reference;
+mod backward_tiled;
 mod online_softmax;
 mod reference;
 mod tiled;
 mod validate;
 
+pub use backward_reference::{attention_backward_naive, attention_backward_reference, Gradients};
+pub use backward_tiled::{attention_backward_cpu, attention_backward_cpu_into};
 pub use reference::{attention_naive, attention_reference};
 pub use tiled::{attention_cpu, attention_cpu_into, BLOCK_M, BLOCK_N};
 
+#[cfg(test)]
+mod backward_tests;
 #[cfg(test)]
 mod tests;

@@ -185,7 +185,7 @@ fn max_nan(a: f32, b: f32) -> f32 {
 }
 
 /// Copies rows `rows` of a `[N, d]` view into `dst` as contiguous f32.
-fn load_rows<T: Element>(src: ArrayView2<T>, rows: Range<usize>, dst: &mut Vec<f32>) {
+pub(crate) fn load_rows<T: Element>(src: ArrayView2<T>, rows: Range<usize>, dst: &mut Vec<f32>) {
     dst.clear();
     for row in src.slice(s![rows, ..]).outer_iter() {
         dst.extend(row.iter().map(|x| x.to_f32()));
@@ -193,11 +193,11 @@ fn load_rows<T: Element>(src: ArrayView2<T>, rows: Range<usize>, dst: &mut Vec<f
 }
 
 /// Dot product with f32 accumulation, in index order.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0.0, |s, (&x, &y)| s + x * y)
 }
 
 /// A row or key index as the mask's `u32`; [`crate::shape::check_shapes`] bounds the sizes.
-fn idx(i: usize) -> u32 {
+pub(crate) fn idx(i: usize) -> u32 {
     i as u32
 }

@@ -55,7 +55,7 @@ pub fn attention_naive<T: Element>(
 }
 
 /// Arithmetic of the naive routine's accumulator (f32 or f64).
-trait Real: LinalgScalar + PartialOrd {
+pub(crate) trait Real: LinalgScalar + PartialOrd {
     /// Zero.
     const ZERO: Self;
     /// Negative infinity.
@@ -102,19 +102,19 @@ impl Real for f64 {
 
 /// Where the naive routine converts: inputs `T` to the accumulator `A`, the rounding of the
 /// raw scores and of the probabilities, and the output conversion to `O`.
-struct Precision<T, A, O> {
+pub(crate) struct Precision<T, A, O> {
     /// Input element to accumulator.
-    load: fn(T) -> A,
+    pub(crate) load: fn(T) -> A,
     /// Rounding of `Q·Kᵀ` before scaling.
-    scores: fn(A) -> A,
+    pub(crate) scores: fn(A) -> A,
     /// Rounding of the normalised probabilities before `P·V`.
-    probs: fn(A) -> A,
+    pub(crate) probs: fn(A) -> A,
     /// Accumulator to output element.
-    store: fn(A) -> O,
+    pub(crate) store: fn(A) -> O,
 }
 
 /// Rounds an f32 to `T` and back.
-fn round_to<T: Element>(x: f32) -> f32 {
+pub(crate) fn round_to<T: Element>(x: f32) -> f32 {
     T::from_f32(x).to_f32()
 }
 
@@ -166,7 +166,7 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
 
 /// How many keys query row `i` sees (always a prefix `0..n`): all of them without causal
 /// masking, else those with `j ≤ i + Nk − Nq` (bottom-right alignment).
-fn visible_keys(shape: &AttnShape, causal: bool, i: usize) -> usize {
+pub(crate) fn visible_keys(shape: &AttnShape, causal: bool, i: usize) -> usize {
     if !causal {
         return shape.seqlen_k;
     }
@@ -178,7 +178,11 @@ fn visible_keys(shape: &AttnShape, causal: bool, i: usize) -> usize {
 /// probabilities (rounded by `round`) and returns its log-sum-exp. A row with nothing visible
 /// becomes all zeros with LSE −∞. A NaN or +∞ visible score, or visible scores that are all
 /// −∞, make the row's probabilities and LSE NaN (the rule on [`AttnParams`]).
-fn softmax_in_place<A: Real>(mut row: ArrayViewMut1<A>, seen: usize, round: fn(A) -> A) -> A {
+pub(crate) fn softmax_in_place<A: Real>(
+    mut row: ArrayViewMut1<A>,
+    seen: usize,
+    round: fn(A) -> A,
+) -> A {
     row.slice_mut(s![seen..]).fill(A::ZERO);
     if seen == 0 {
         return A::NEG_INF;

@@ -85,9 +85,8 @@ pub fn attention_cpu_into<T: Element>(
             });
         }
     }
-    run_parallel(jobs, shape.head_dim, |job, tile| {
-        job.run(tile, &mask, scale_log2)
-    })
+    let new_tile = || QueryTile::new(BLOCK_M, BLOCK_N, shape.head_dim);
+    run_parallel(jobs, new_tile, |job, tile| job.run(tile, &mask, scale_log2))
 }
 
 /// One (batch, query head): its Q rows, the K and V rows of its key/value head (`[N, d]`
@@ -125,34 +124,34 @@ impl<T: Element> HeadJob<'_, T> {
 }
 
 /// Runs `work` on every job, spread round-robin over the available cores; each thread owns
-/// one [`QueryTile`] of head dim `d`, allocated (fallibly) before any work starts.
-fn run_parallel<J: Send>(
+/// one working state from `new_state` (a [`QueryTile`] for the forward pass), allocated
+/// (fallibly) before any work starts. Which thread runs a job never changes its result.
+pub(crate) fn run_parallel<J: Send, S: Send>(
     jobs: Vec<J>,
-    d: usize,
-    work: impl Fn(J, &mut QueryTile) + Sync,
+    new_state: impl Fn() -> Result<S>,
+    work: impl Fn(J, &mut S) + Sync,
 ) -> Result<()> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(jobs.len());
-    let new_tile = || QueryTile::new(BLOCK_M, BLOCK_N, d);
     if threads <= 1 {
-        let mut tile = new_tile()?;
-        jobs.into_iter().for_each(|job| work(job, &mut tile));
+        let mut state = new_state()?;
+        jobs.into_iter().for_each(|job| work(job, &mut state));
         return Ok(());
     }
     let mut buckets = Vec::with_capacity(threads);
     for _ in 0..threads {
-        let bucket: Vec<J> = alloc::with_capacity(jobs.len().div_ceil(threads), "CPU head jobs")?;
-        buckets.push((bucket, new_tile()?));
+        let bucket: Vec<J> = alloc::with_capacity(jobs.len().div_ceil(threads), "CPU jobs")?;
+        buckets.push((bucket, new_state()?));
     }
     for (i, job) in jobs.into_iter().enumerate() {
         buckets[i % threads].0.push(job);
     }
     std::thread::scope(|scope| {
-        for (bucket, mut tile) in buckets {
+        for (bucket, mut state) in buckets {
             let work = &work;
             scope.spawn(move || {
-                bucket.into_iter().for_each(|job| work(job, &mut tile));
+                bucket.into_iter().for_each(|job| work(job, &mut state));
             });
         }
     });

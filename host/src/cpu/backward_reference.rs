@@ -1,0 +1,154 @@
+//! Naive attention backward with materialised matrices: the float64 oracle of the gradient
+//! tests, and the same algorithm in an element type `T`, whose error is the yardstick of the
+//! accuracy rule for gradients.
+//!
+//! Per (batch, query head), with `P` the forward's probabilities (recomputed here from Q and K,
+//! masked by the restated causal rule of [`visible_keys`]):
+//! `D = rowsum(dO ∘ O)`, `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)` (zero where masked),
+//! `dQ = scale·dS·K`, `dK += scale·dSᵀ·Q`; dK and dV of a key/value head sum over the query
+//! heads that share it (GQA/MQA).
+
+use ndarray::linalg::general_mat_mul;
+use ndarray::{s, Array4, ArrayView4, Dim, Zip};
+
+use crate::cpu::alloc;
+use crate::cpu::reference::{round_to, softmax_in_place, visible_keys, Precision, Real};
+use crate::cpu::validate::check_inputs;
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::params::AttnParams;
+
+/// Gradients dQ `[B, Nq, Hq, d]`, dK and dV `[B, Nk, Hkv, d]`.
+pub type Gradients<T> = (Array4<T>, Array4<T>, Array4<T>);
+
+/// Naive float64 attention backward: recomputes the forward (scores, probabilities, O) per
+/// (batch, head) and returns dQ, dK, dV of the loss whose gradient with respect to O is `d_o`
+/// (`[B, Nq, Hq, d]`, like Q). A query row that sees no key gets a zero dQ row and adds
+/// nothing to dK and dV. The oracle of the tests.
+pub fn attention_backward_reference(
+    q: ArrayView4<f64>,
+    k: ArrayView4<f64>,
+    v: ArrayView4<f64>,
+    d_o: ArrayView4<f64>,
+    params: &AttnParams,
+) -> Result<Gradients<f64>> {
+    let exact = Precision {
+        load: |x: f64| x,
+        scores: |x| x,
+        probs: |x| x,
+        store: |x| x,
+    };
+    naive_backward(q, k, v, d_o, params, |s| s as f64, &exact)
+}
+
+/// Naive attention backward in the element type `T`, as a framework's unfused backward in
+/// `T` computes it: every matrix product accumulates in f32 and its result is rounded to `T`
+/// (scores before scaling, O, dP, and the probabilities P and dS after the elementwise
+/// steps); the row sums D, and dQ, dK, dV accumulate in f32 and are rounded to `T` once. Its
+/// error against [`attention_backward_reference`] bounds what the accuracy rule allows the
+/// other backends.
+pub fn attention_backward_naive<T: Element>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    d_o: ArrayView4<T>,
+    params: &AttnParams,
+) -> Result<Gradients<T>> {
+    let in_t = Precision {
+        load: T::to_f32,
+        scores: round_to::<T>,
+        probs: round_to::<T>,
+        store: T::from_f32,
+    };
+    naive_backward(q, k, v, d_o, params, |s| s, &in_t)
+}
+
+/// The routine shared by [`attention_backward_reference`] and [`attention_backward_naive`];
+/// `prec.probs` rounds every intermediate matrix after the scores (P, O, dP, dS).
+fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    d_o: ArrayView4<T>,
+    params: &AttnParams,
+    scale_to_acc: fn(f32) -> A,
+    prec: &Precision<T, A, G>,
+) -> Result<Gradients<G>> {
+    let shape = check_inputs(&q, &k, &v)?;
+    // O and LSE are recomputed here: only dO's shape is the caller's.
+    let d_o_dims: [usize; 4] = d_o.dim().into();
+    shape.check_backward_inputs(&shape.q_dims(), &d_o_dims, &shape.lse_dims())?;
+    let scale = scale_to_acc(params.scale(shape.head_dim)?);
+    let (nq, nk, d) = (shape.seqlen_q, shape.seqlen_k, shape.head_dim);
+    let mut dq = alloc::array(Dim(shape.q_dims()), G::default(), "gradient dQ")?;
+    let mut dk = alloc::array(Dim(shape.kv_dims()), A::ZERO, "reference dK")?;
+    let mut dv = alloc::array(Dim(shape.kv_dims()), A::ZERO, "reference dV")?;
+    let mut qh = alloc::array(Dim([nq, d]), A::ZERO, "reference Q")?;
+    let mut kh = alloc::array(Dim([nk, d]), A::ZERO, "reference K")?;
+    let mut vh = alloc::array(Dim([nk, d]), A::ZERO, "reference V")?;
+    let mut doh = alloc::array(Dim([nq, d]), A::ZERO, "reference dO")?;
+    let mut p = alloc::array(Dim([nq, nk]), A::ZERO, "reference probabilities")?;
+    let mut ds = alloc::array(Dim([nq, nk]), A::ZERO, "reference dS")?;
+    let mut oh = alloc::array(Dim([nq, d]), A::ZERO, "reference O")?;
+    let mut dqh = alloc::array(Dim([nq, d]), A::ZERO, "reference dQ")?;
+    for b in 0..shape.batch {
+        for h in 0..shape.heads_q {
+            let kv = shape.kv_head(h);
+            qh.zip_mut_with(&q.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
+            kh.zip_mut_with(&k.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
+            vh.zip_mut_with(&v.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
+            doh.zip_mut_with(&d_o.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
+            // The forward: P (zero beyond each row's visible keys) and O = P·V.
+            general_mat_mul(A::one(), &qh, &kh.t(), A::ZERO, &mut p);
+            p.mapv_inplace(|x| (prec.scores)(x) * scale);
+            for (i, row) in p.outer_iter_mut().enumerate() {
+                softmax_in_place(row, visible_keys(&shape, params.causal, i), prec.probs);
+            }
+            general_mat_mul(A::one(), &p, &vh, A::ZERO, &mut oh);
+            oh.mapv_inplace(prec.probs);
+            // dV += Pᵀ·dO; dP = dO·Vᵀ (into ds).
+            general_mat_mul(
+                A::one(),
+                &p.t(),
+                &doh,
+                A::one(),
+                &mut dv.slice_mut(s![b, .., kv, ..]),
+            );
+            general_mat_mul(A::one(), &doh, &vh.t(), A::ZERO, &mut ds);
+            // dS = P ∘ (dP − D), D = rowsum(dO ∘ O); zero (not 0·x) where the row cannot see.
+            for (i, (mut ds_row, p_row)) in ds.outer_iter_mut().zip(p.outer_iter()).enumerate() {
+                let delta = Zip::from(doh.row(i))
+                    .and(oh.row(i))
+                    .fold(A::ZERO, |s, &x, &y| s + x * y);
+                let seen = visible_keys(&shape, params.causal, i);
+                Zip::from(ds_row.slice_mut(s![..seen]))
+                    .and(p_row.slice(s![..seen]))
+                    .for_each(|ds, &p| *ds = (prec.probs)((prec.probs)(*ds) - delta) * p);
+                ds_row.slice_mut(s![seen..]).fill(A::ZERO);
+            }
+            ds.mapv_inplace(prec.probs);
+            // dQ = scale·dS·K; dK += scale·dSᵀ·Q.
+            general_mat_mul(scale, &ds, &kh, A::ZERO, &mut dqh);
+            Zip::from(dq.slice_mut(s![b, .., h, ..]))
+                .and(&dqh)
+                .for_each(|x, &y| *x = (prec.store)(y));
+            general_mat_mul(
+                scale,
+                &ds.t(),
+                &qh,
+                A::one(),
+                &mut dk.slice_mut(s![b, .., kv, ..]),
+            );
+        }
+    }
+    let store = |acc: Array4<A>, what| -> Result<Array4<G>> {
+        let mut out = alloc::array(Dim(shape.kv_dims()), G::default(), what)?;
+        Zip::from(&mut out)
+            .and(&acc)
+            .for_each(|x, &y| *x = (prec.store)(y));
+        Ok(out)
+    };
+    let dk = store(dk, "gradient dK")?;
+    let dv = store(dv, "gradient dV")?;
+    Ok((dq, dk, dv))
+}

@@ -1,0 +1,446 @@
+//! The CPU backend's backward pass: FlashAttention-2's tiled backward (Algorithm 4 of the
+//! FlashAttention paper, with FA2's `D = rowsum(dO ∘ O)` pre-pass).
+//!
+//! One job per (batch, key/value head), run in parallel like the forward pass. A job first
+//! computes `D` and `LSE·log2 e` for every query row of the query heads sharing its key/value
+//! head; then key tiles of [`BLOCK_N`] keys are the outer loop and, for each query head of the
+//! group, the query tiles of [`BLOCK_M`] rows that visit the key tile are the inner one:
+//! `P = 2^(scale_log2·Q·Kᵀ − LSE·log2 e)` is recomputed from the forward's LSE,
+//! `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dK += dSᵀ·Q` and `dQ += dS·K`, all in f32.
+//! dK and dV of a key tile are complete (summed over the group's query heads, so GQA needs no
+//! atomics and the result does not depend on the thread count) when its inner loop ends; dQ
+//! lives in an f32 buffer of the job until every key tile has been visited. `scale` is applied
+//! once to dK and dQ at the end.
+//!
+//! The tiles visited and masked are the forward's: a query tile visits the key tiles that
+//! [`CausalMask::key_tiles`] names (inverted once per call into a [`KeySchedule`]), and only
+//! tiles where [`CausalMask::tile_needs_mask`] says so test [`AttnMask::visible`] element by
+//! element; a masked score is skipped before the exponential, never computed as `0·∞`.
+
+use std::ops::Range;
+
+use flash_attn_kernels::mask::{AttnMask, CausalMask};
+use ndarray::{s, ArrayView1, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut2};
+use ndarray::{ArrayViewMut4, Axis, Dim};
+
+use crate::cpu::alloc;
+use crate::cpu::backward_reference::Gradients;
+use crate::cpu::online_softmax::{dot, idx, load_rows};
+use crate::cpu::tiled::{run_parallel, BLOCK_M, BLOCK_N};
+use crate::cpu::validate::{check_backward_inputs, check_gradients, check_inputs};
+use crate::dtype::Element;
+use crate::error::Result;
+use crate::params::AttnParams;
+use crate::shape::AttnShape;
+
+/// The attention backward pass on the CPU. Takes the forward's inputs Q `[B, Nq, Hq, d]`, K
+/// and V `[B, Nk, Hkv, d]`, its outputs O `[B, Nq, Hq, d]` and natural-log LSE `[B, Hq, Nq]`
+/// (as [`crate::cpu::attention_cpu`] returns them) and the gradient dO of the loss with
+/// respect to O (Q's shape), all with any strides, and the forward's `params`. Returns dQ
+/// (Q's shape), dK and dV (K's shape) in `T`; dK and dV of a key/value head shared by several
+/// query heads are sums over them.
+///
+/// A row whose LSE is −∞ (it saw no key) contributes nothing and gets a zero dQ row; NaN in
+/// the inputs gives NaN. The result is deterministic: independent of the number of threads.
+/// Shapes are checked before any work ([`crate::FlashError::Shape`] when O, dO or LSE do not
+/// fit Q, K and V; the errors of [`crate::shape::check_shapes`] and [`AttnParams::scale`]
+/// otherwise), and buffers that cannot be allocated are errors, never a panic.
+pub fn attention_backward_cpu<T: Element>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    o: ArrayView4<T>,
+    d_o: ArrayView4<T>,
+    lse: ArrayView3<f32>,
+    params: &AttnParams,
+) -> Result<Gradients<T>> {
+    let shape = check_inputs(&q, &k, &v)?;
+    check_backward_inputs(&shape, &o, &d_o, &lse)?;
+    params.scale_log2(shape.head_dim)?;
+    let mut dq = alloc::array(Dim(shape.q_dims()), T::default(), "gradient dQ")?;
+    let mut dk = alloc::array(Dim(shape.kv_dims()), T::default(), "gradient dK")?;
+    let mut dv = alloc::array(Dim(shape.kv_dims()), T::default(), "gradient dV")?;
+    attention_backward_cpu_into(
+        q,
+        k,
+        v,
+        o,
+        d_o,
+        lse,
+        params,
+        dq.view_mut(),
+        dk.view_mut(),
+        dv.view_mut(),
+    )?;
+    Ok((dq, dk, dv))
+}
+
+/// [`attention_backward_cpu`] writing into caller-provided gradients dQ `[B, Nq, Hq, d]`, dK
+/// and dV `[B, Nk, Hkv, d]` (any strides; every element is overwritten); their shapes are
+/// checked ([`crate::FlashError::Shape`]).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward_cpu_into<T: Element>(
+    q: ArrayView4<T>,
+    k: ArrayView4<T>,
+    v: ArrayView4<T>,
+    o: ArrayView4<T>,
+    d_o: ArrayView4<T>,
+    lse: ArrayView3<f32>,
+    params: &AttnParams,
+    dq: ArrayViewMut4<T>,
+    dk: ArrayViewMut4<T>,
+    dv: ArrayViewMut4<T>,
+) -> Result<()> {
+    let shape = check_inputs(&q, &k, &v)?;
+    check_backward_inputs(&shape, &o, &d_o, &lse)?;
+    check_gradients(&shape, &dq, &dk, &dv)?;
+    let scale = params.scale(shape.head_dim)?;
+    let scale_log2 = params.scale_log2(shape.head_dim)?;
+    let mask = CausalMask {
+        seqlen_q: shape.seqlen_q as u32,
+        seqlen_k: shape.seqlen_k as u32,
+        causal: params.causal,
+    };
+    let schedule = KeySchedule::new(&mask, &shape)?;
+    let group = shape.group_size();
+    let n_jobs = alloc::numel::<KvHeadJob<T>>(&[shape.batch, shape.heads_kv], "CPU jobs")?;
+    let mut jobs = alloc::with_capacity(n_jobs, "CPU jobs")?;
+    let batches = dq
+        .into_outer_iter_mut()
+        .zip(dk.into_outer_iter_mut())
+        .zip(dv.into_outer_iter_mut());
+    for (b, ((dq_b, dk_b), dv_b)) in batches.enumerate() {
+        let mut dq_heads = dq_b.into_axis_iter_mut(Axis(1));
+        let kv_heads = dk_b
+            .into_axis_iter_mut(Axis(1))
+            .zip(dv_b.into_axis_iter_mut(Axis(1)));
+        for (kv, (dk, dv)) in kv_heads.enumerate() {
+            let mut heads = alloc::with_capacity(group, "CPU jobs")?;
+            for h in kv * group..(kv + 1) * group {
+                heads.push(QueryHead {
+                    q: q.slice(s![b, .., h, ..]),
+                    o: o.slice(s![b, .., h, ..]),
+                    d_o: d_o.slice(s![b, .., h, ..]),
+                    lse: lse.slice(s![b, h, ..]),
+                    dq: dq_heads.next().expect("Hq = Hkv·group query heads"),
+                });
+            }
+            jobs.push(KvHeadJob {
+                k: k.slice(s![b, .., kv, ..]),
+                v: v.slice(s![b, .., kv, ..]),
+                dk,
+                dv,
+                heads,
+            });
+        }
+    }
+    let new_state = || KeyTile::new(&shape);
+    let step = Step {
+        mask: &mask,
+        schedule: &schedule,
+        scale,
+        scale_log2,
+    };
+    run_parallel(jobs, new_state, |job, tile| job.run(tile, &step))
+}
+
+/// Which query tiles visit each key tile: the forward's [`AttnMask::key_tiles`] per query
+/// tile, inverted (compressed rows: `query_tiles[starts[n]..starts[n + 1]]` for key tile `n`,
+/// in increasing order). Its size is the number of (query tile, key tile) pairs visited.
+struct KeySchedule {
+    /// Offsets into `query_tiles`, one per key tile plus one.
+    starts: Vec<usize>,
+    /// Query tile indices, grouped by key tile.
+    query_tiles: Vec<u32>,
+}
+
+impl KeySchedule {
+    /// The schedule of `mask` for tiles of [`BLOCK_M`] × [`BLOCK_N`].
+    fn new(mask: &CausalMask, shape: &AttnShape) -> Result<Self> {
+        let (bm, bn) = (BLOCK_M as u32, BLOCK_N as u32);
+        let m_tiles = shape.seqlen_q.div_ceil(BLOCK_M);
+        let n_tiles = shape.seqlen_k.div_ceil(BLOCK_N);
+        let visits = |m: usize| mask.key_tiles(idx(m * BLOCK_M), bm, bn);
+        let mut starts = alloc::filled(n_tiles + 1, 0usize, "CPU key schedule")?;
+        for m in 0..m_tiles {
+            visits(m).for_each(|n| starts[n as usize + 1] += 1);
+        }
+        for n in 0..n_tiles {
+            starts[n + 1] += starts[n];
+        }
+        let mut query_tiles = alloc::filled(starts[n_tiles], 0u32, "CPU key schedule")?;
+        let mut next = alloc::filled(n_tiles, 0usize, "CPU key schedule")?;
+        next.copy_from_slice(&starts[..n_tiles]);
+        for m in 0..m_tiles {
+            for n in visits(m) {
+                query_tiles[next[n as usize]] = m as u32;
+                next[n as usize] += 1;
+            }
+        }
+        Ok(KeySchedule {
+            starts,
+            query_tiles,
+        })
+    }
+
+    /// The number of key tiles.
+    fn key_tiles(&self) -> usize {
+        self.starts.len() - 1
+    }
+
+    /// The query tiles that visit key tile `n`, in increasing order.
+    fn query_tiles(&self, n: usize) -> &[u32] {
+        &self.query_tiles[self.starts[n]..self.starts[n + 1]]
+    }
+}
+
+/// What every job shares: the mask policy, the schedule and the scale.
+struct Step<'a> {
+    /// The forward's mask.
+    mask: &'a CausalMask,
+    /// Query tiles per key tile.
+    schedule: &'a KeySchedule,
+    /// `scale`, applied to dK and dQ at the end.
+    scale: f32,
+    /// `scale·log2 e`, applied to the scores as in the forward pass.
+    scale_log2: f32,
+}
+
+/// One query head of a job: its inputs `[Nq, d]` (LSE `[Nq]`) and its dQ rows.
+struct QueryHead<'a, T> {
+    /// Query rows `[Nq, d]`.
+    q: ArrayView2<'a, T>,
+    /// The forward's output rows `[Nq, d]`.
+    o: ArrayView2<'a, T>,
+    /// Gradient of the output `[Nq, d]`.
+    d_o: ArrayView2<'a, T>,
+    /// The forward's natural-log LSE `[Nq]`.
+    lse: ArrayView1<'a, f32>,
+    /// Gradient of the query rows `[Nq, d]`.
+    dq: ArrayViewMut2<'a, T>,
+}
+
+/// One (batch, key/value head): its keys and values `[Nk, d]`, their gradients, and the query
+/// heads that read them.
+struct KvHeadJob<'a, T> {
+    /// Keys `[Nk, d]`.
+    k: ArrayView2<'a, T>,
+    /// Values `[Nk, d]`.
+    v: ArrayView2<'a, T>,
+    /// Gradient of the keys `[Nk, d]`.
+    dk: ArrayViewMut2<'a, T>,
+    /// Gradient of the values `[Nk, d]`.
+    dv: ArrayViewMut2<'a, T>,
+    /// The query heads sharing this key/value head (`Hq / Hkv` of them).
+    heads: Vec<QueryHead<'a, T>>,
+}
+
+impl<T: Element> KvHeadJob<'_, T> {
+    /// The tiled backward pass of one key/value head: key tiles outside, query tiles inside.
+    fn run(mut self, tile: &mut KeyTile, step: &Step) {
+        let (seqlen_q, seqlen_k) = (tile.seqlen_q, self.k.nrows());
+        tile.pre_pass(&self.heads);
+        for n_block in 0..step.schedule.key_tiles() {
+            let key0 = n_block * BLOCK_N;
+            let keys = key0..(key0 + BLOCK_N).min(seqlen_k);
+            tile.start(self.k, self.v, keys.clone());
+            for (head, h) in self.heads.iter().zip(0..) {
+                for &m_block in step.schedule.query_tiles(n_block) {
+                    let row0 = m_block as usize * BLOCK_M;
+                    let rows = row0..(row0 + BLOCK_M).min(seqlen_q);
+                    let needs_mask = step.mask.tile_needs_mask(
+                        idx(row0),
+                        BLOCK_M as u32,
+                        idx(n_block),
+                        BLOCK_N as u32,
+                    );
+                    let mask = needs_mask.then_some(step.mask);
+                    tile.visit_queries(head, h, rows, step.scale_log2, mask);
+                }
+            }
+            tile.finish_keys(
+                self.dk.slice_mut(s![keys.clone(), ..]),
+                self.dv.slice_mut(s![keys, ..]),
+                step.scale,
+            );
+        }
+        for (head, h) in self.heads.iter_mut().zip(0..) {
+            tile.finish_queries(h, head.dq.view_mut(), step.scale);
+        }
+    }
+}
+
+/// The working buffers of one thread: one key tile's K, V and gradient accumulators, one
+/// query tile's rows, and per query row of the job (all heads of the group) D, LSE·log2 e
+/// and the f32 dQ accumulator.
+struct KeyTile {
+    /// Head dim.
+    d: usize,
+    /// Query rows per head.
+    seqlen_q: usize,
+    /// Keys in the current key tile (≤ [`BLOCK_N`]).
+    keys: usize,
+    /// First key of the current key tile.
+    key0: usize,
+    /// The current key tile, `keys × d`.
+    k: Vec<f32>,
+    /// The current value tile, `keys × d`.
+    v: Vec<f32>,
+    /// dK of the key tile (without `scale`), `keys × d`.
+    dk: Vec<f32>,
+    /// dV of the key tile, `keys × d`.
+    dv: Vec<f32>,
+    /// One query tile's contribution to `dk`, `keys × d`, added once per query tile.
+    dk_part: Vec<f32>,
+    /// One query tile's contribution to `dv`, `keys × d`.
+    dv_part: Vec<f32>,
+    /// The current query rows, `rows × d`.
+    q: Vec<f32>,
+    /// The current rows of dO, `rows × d`.
+    d_o: Vec<f32>,
+    /// One row's `dS·K` over the key tile, `d`, added to `dq` once per key tile.
+    dq_part: Vec<f32>,
+    /// `D = rowsum(dO ∘ O)` per query row of every head, `group × Nq`.
+    delta: Vec<f32>,
+    /// `LSE·log2 e` per query row of every head, `group × Nq`.
+    lse_log2: Vec<f32>,
+    /// dQ (without `scale`) of every head, `group × Nq × d`.
+    dq: Vec<f32>,
+}
+
+impl KeyTile {
+    /// Buffers for a job of `shape`; an error (not an abort) when they cannot be allocated.
+    fn new(shape: &AttnShape) -> Result<Self> {
+        let (d, nq, group) = (shape.head_dim, shape.seqlen_q, shape.group_size());
+        let keys_d = alloc::numel::<f32>(&[BLOCK_N, d], "CPU key tile")?;
+        let rows_d = alloc::numel::<f32>(&[BLOCK_M, d], "CPU query tile")?;
+        let rows = alloc::numel::<f32>(&[group, nq], "CPU row state")?;
+        let dq = alloc::numel::<f32>(&[group, nq, d], "CPU dQ accumulator")?;
+        Ok(KeyTile {
+            d,
+            seqlen_q: nq,
+            keys: 0,
+            key0: 0,
+            k: alloc::with_capacity(keys_d, "CPU key tile")?,
+            v: alloc::with_capacity(keys_d, "CPU value tile")?,
+            dk: alloc::filled(keys_d, 0.0, "CPU dK tile")?,
+            dv: alloc::filled(keys_d, 0.0, "CPU dV tile")?,
+            dk_part: alloc::filled(keys_d, 0.0, "CPU dK tile")?,
+            dv_part: alloc::filled(keys_d, 0.0, "CPU dV tile")?,
+            q: alloc::with_capacity(rows_d, "CPU query tile")?,
+            d_o: alloc::with_capacity(rows_d, "CPU dO tile")?,
+            dq_part: alloc::filled(d, 0.0, "CPU dQ row")?,
+            delta: alloc::filled(rows, 0.0, "CPU row state")?,
+            lse_log2: alloc::filled(rows, 0.0, "CPU row state")?,
+            dq: alloc::filled(dq, 0.0, "CPU dQ accumulator")?,
+        })
+    }
+
+    /// FA2's pre-pass for the job's query heads: `D = rowsum(dO ∘ O)` and `LSE·log2 e` (the
+    /// product in f64, rounded once) per row; clears the dQ accumulator.
+    fn pre_pass<T: Element>(&mut self, heads: &[QueryHead<T>]) {
+        let nq = self.seqlen_q;
+        for (h, head) in heads.iter().enumerate() {
+            let rows = head.o.outer_iter().zip(head.d_o.outer_iter());
+            for (i, (o, d_o)) in rows.enumerate() {
+                self.delta[h * nq + i] = o
+                    .iter()
+                    .zip(d_o.iter())
+                    .fold(0.0, |s, (&x, &y)| s + x.to_f32() * y.to_f32());
+                let lse = f64::from(head.lse[i]);
+                self.lse_log2[h * nq + i] = (lse * std::f64::consts::LOG2_E) as f32;
+            }
+        }
+        self.dq.fill(0.0);
+    }
+
+    /// Starts the key tile `keys` of `k` and `v` (`[Nk, d]`): loads it and clears its
+    /// gradient accumulators.
+    fn start<T: Element>(&mut self, k: ArrayView2<T>, v: ArrayView2<T>, keys: Range<usize>) {
+        self.key0 = keys.start;
+        self.keys = keys.len();
+        load_rows(k, keys.clone(), &mut self.k);
+        load_rows(v, keys, &mut self.v);
+        let n = self.keys * self.d;
+        self.dk[..n].fill(0.0);
+        self.dv[..n].fill(0.0);
+    }
+
+    /// Folds the query rows `rows` of head `h` (the job's `h`-th query head) into the key
+    /// tile's dK and dV and into the rows' dQ. With `mask`, the keys it hides from a row are
+    /// skipped for that row (before the exponential: a hidden score is never computed).
+    fn visit_queries<T: Element, M: AttnMask>(
+        &mut self,
+        head: &QueryHead<T>,
+        h: usize,
+        rows: Range<usize>,
+        scale_log2: f32,
+        mask: Option<&M>,
+    ) {
+        let (d, n, key0) = (self.d, self.keys, self.key0);
+        load_rows(head.q, rows.clone(), &mut self.q);
+        load_rows(head.d_o, rows.clone(), &mut self.d_o);
+        self.dk_part[..n * d].fill(0.0);
+        self.dv_part[..n * d].fill(0.0);
+        let q_rows = self.q.chunks_exact(d).zip(self.d_o.chunks_exact(d));
+        for (row, (q_row, do_row)) in rows.zip(q_rows) {
+            let at = h * self.seqlen_q + row;
+            let (lse_log2, delta) = (self.lse_log2[at], self.delta[at]);
+            // LSE = −∞: the row saw no key in the forward pass; P = 0, it adds nothing.
+            if lse_log2 == f32::NEG_INFINITY {
+                continue;
+            }
+            self.dq_part.fill(0.0);
+            let keys = self.k.chunks_exact(d).zip(self.v.chunks_exact(d));
+            let parts = self
+                .dk_part
+                .chunks_exact_mut(d)
+                .zip(self.dv_part.chunks_exact_mut(d));
+            for (c, ((k_row, v_row), (dk_row, dv_row))) in keys.zip(parts).enumerate() {
+                if mask.is_some_and(|m| !m.visible(idx(row), idx(key0 + c))) {
+                    continue;
+                }
+                let p = (dot(q_row, k_row) * scale_log2 - lse_log2).exp2();
+                let ds = p * (dot(do_row, v_row) - delta);
+                axpy(dv_row, p, do_row);
+                axpy(dk_row, ds, q_row);
+                axpy(&mut self.dq_part, ds, k_row);
+            }
+            add(&mut self.dq[at * d..(at + 1) * d], &self.dq_part);
+        }
+        add(&mut self.dk[..n * d], &self.dk_part[..n * d]);
+        add(&mut self.dv[..n * d], &self.dv_part[..n * d]);
+    }
+
+    /// Writes the key tile's gradients to `dk` and `dv` (its `[keys, d]` rows): dK times
+    /// `scale`, dV as accumulated.
+    fn finish_keys<T: Element>(&self, dk: ArrayViewMut2<T>, dv: ArrayViewMut2<T>, scale: f32) {
+        store_rows(dk, &self.dk, self.d, scale);
+        store_rows(dv, &self.dv, self.d, 1.0);
+    }
+
+    /// Writes dQ of head `h` (times `scale`) to `dq` (`[Nq, d]`).
+    fn finish_queries<T: Element>(&self, h: usize, dq: ArrayViewMut2<T>, scale: f32) {
+        let n = self.seqlen_q * self.d;
+        store_rows(dq, &self.dq[h * n..(h + 1) * n], self.d, scale);
+    }
+}
+
+/// `y += a·x`.
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
+}
+
+/// `y += x`.
+fn add(y: &mut [f32], x: &[f32]) {
+    y.iter_mut().zip(x).for_each(|(y, &x)| *y += x);
+}
+
+/// Writes `factor·src` (contiguous rows of `d`) to the rows of `dst`, rounded to `T`.
+fn store_rows<T: Element>(mut dst: ArrayViewMut2<T>, src: &[f32], d: usize, factor: f32) {
+    for (mut row, src) in dst.outer_iter_mut().zip(src.chunks_exact(d)) {
+        row.iter_mut()
+            .zip(src)
+            .for_each(|(x, &y)| *x = T::from_f32(factor * y));
+    }
+}
