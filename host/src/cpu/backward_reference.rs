@@ -9,7 +9,7 @@
 //! heads that share it (GQA/MQA).
 
 use ndarray::linalg::general_mat_mul;
-use ndarray::{s, Array4, ArrayView4, Dim, Zip};
+use ndarray::{s, Array4, ArrayView3, ArrayView4, Dim, Zip};
 
 use crate::cpu::alloc;
 use crate::cpu::reference::{round_to, softmax_in_place, visible_keys, Precision, Real};
@@ -38,7 +38,32 @@ pub fn attention_backward_reference(
         probs: |x| x,
         store: |x| x,
     };
-    naive_backward(q, k, v, d_o, params, |s| s as f64, &exact)
+    naive_backward(q, k, v, d_o, None, params, |s| s as f64, &exact)
+}
+
+/// [`attention_backward_reference`] from given forward outputs, as the tiled backward takes
+/// them: P = `exp(scale·S − LSE)` from the given natural-log LSE `[B, Hq, Nq]` (zero where
+/// masked, and for a row whose LSE is −∞) and `D = rowsum(dO ∘ O)` from the given O (Q's
+/// shape). Fed with the exact forward outputs it equals [`attention_backward_reference`]; fed
+/// with outputs rounded to an element type it measures what that rounding alone costs an
+/// exact backward, which the accuracy rule of the backward allows on top of twice the naive
+/// error.
+pub fn attention_backward_reference_given(
+    q: ArrayView4<f64>,
+    k: ArrayView4<f64>,
+    v: ArrayView4<f64>,
+    o: ArrayView4<f64>,
+    d_o: ArrayView4<f64>,
+    lse: ArrayView3<f64>,
+    params: &AttnParams,
+) -> Result<Gradients<f64>> {
+    let exact = Precision {
+        load: |x: f64| x,
+        scores: |x| x,
+        probs: |x| x,
+        store: |x| x,
+    };
+    naive_backward(q, k, v, d_o, Some((o, lse)), params, |s| s as f64, &exact)
 }
 
 /// Naive attention backward in the element type `T`, as a framework's unfused backward in
@@ -60,24 +85,30 @@ pub fn attention_backward_naive<T: Element>(
         probs: round_to::<T>,
         store: T::from_f32,
     };
-    naive_backward(q, k, v, d_o, params, |s| s, &in_t)
+    naive_backward(q, k, v, d_o, None, params, |s| s, &in_t)
 }
 
-/// The routine shared by [`attention_backward_reference`] and [`attention_backward_naive`];
-/// `prec.probs` rounds every intermediate matrix after the scores (P, O, dP, dS).
+/// The routine shared by [`attention_backward_reference`], [`attention_backward_naive`] and
+/// [`attention_backward_reference_given`] (which passes the forward outputs O and LSE in
+/// `given`); `prec.probs` rounds every intermediate matrix after the scores (P, O, dP, dS).
+#[allow(clippy::too_many_arguments)]
 fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
     q: ArrayView4<T>,
     k: ArrayView4<T>,
     v: ArrayView4<T>,
     d_o: ArrayView4<T>,
+    given: Option<(ArrayView4<T>, ArrayView3<A>)>,
     params: &AttnParams,
     scale_to_acc: fn(f32) -> A,
     prec: &Precision<T, A, G>,
 ) -> Result<Gradients<G>> {
     let shape = check_inputs(&q, &k, &v)?;
-    // O and LSE are recomputed here: only dO's shape is the caller's.
     let d_o_dims: [usize; 4] = d_o.dim().into();
-    shape.check_backward_inputs(&shape.q_dims(), &d_o_dims, &shape.lse_dims())?;
+    let (o_dims, lse_dims) = match &given {
+        Some((o, lse)) => (o.dim().into(), lse.dim().into()),
+        None => (shape.q_dims(), shape.lse_dims()),
+    };
+    shape.check_backward_inputs(&o_dims, &d_o_dims, &lse_dims)?;
     let scale = scale_to_acc(params.scale(shape.head_dim)?);
     let (nq, nk, d) = (shape.seqlen_q, shape.seqlen_k, shape.head_dim);
     let mut dq = alloc::array(Dim(shape.q_dims()), G::default(), "gradient dQ")?;
@@ -101,11 +132,24 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
             // The forward: P (zero beyond each row's visible keys) and O = P·V.
             general_mat_mul(A::one(), &qh, &kh.t(), A::ZERO, &mut p);
             p.mapv_inplace(|x| (prec.scores)(x) * scale);
-            for (i, row) in p.outer_iter_mut().enumerate() {
-                softmax_in_place(row, visible_keys(&shape, params.causal, i), prec.probs);
+            match &given {
+                None => {
+                    for (i, row) in p.outer_iter_mut().enumerate() {
+                        softmax_in_place(row, visible_keys(&shape, params.causal, i), prec.probs);
+                    }
+                    general_mat_mul(A::one(), &p, &vh, A::ZERO, &mut oh);
+                    oh.mapv_inplace(prec.probs);
+                }
+                Some((o, lse)) => {
+                    for (i, mut row) in p.outer_iter_mut().enumerate() {
+                        let (seen, lse) = (visible_keys(&shape, params.causal, i), lse[[b, h, i]]);
+                        let seen = if lse == A::NEG_INF { 0 } else { seen };
+                        row.slice_mut(s![..seen]).mapv_inplace(|s| (s - lse).exp());
+                        row.slice_mut(s![seen..]).fill(A::ZERO);
+                    }
+                    oh.zip_mut_with(&o.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
+                }
             }
-            general_mat_mul(A::one(), &p, &vh, A::ZERO, &mut oh);
-            oh.mapv_inplace(prec.probs);
             // dV += Pᵀ·dO; dP = dO·Vᵀ (into ds).
             general_mat_mul(
                 A::one(),

@@ -12,7 +12,9 @@
 //!   f32 accumulation, one deterministic job per (batch, key/value head)), visiting and masking
 //!   the same tiles as the forward pass.
 //! - [`attention_backward_reference`] and [`attention_backward_naive`]: the naive backward in
-//!   float64 (the oracle of the gradient tests) and in `T` (the yardstick).
+//!   float64 (the oracle of the gradient tests) and in `T` (the yardstick);
+//!   [`attention_backward_reference_given`]: the float64 backward from given (rounded) forward
+//!   outputs, which measures what their rounding costs.
 //!
 //! All of them take Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` with any strides, and return
 //! O `[B, Nq, Hq, d]` and the natural-log LSE `[B, Hq, Nq]`. A query row that sees no key gets
@@ -28,7 +30,10 @@ mod reference;
 mod tiled;
 mod validate;
 
-pub use backward_reference::{attention_backward_naive, attention_backward_reference, Gradients};
+pub use backward_reference::{
+    attention_backward_naive, attention_backward_reference, attention_backward_reference_given,
+    Gradients,
+};
 pub use backward_tiled::{attention_backward_cpu, attention_backward_cpu_into};
 pub use reference::{attention_naive, attention_reference};
 pub use tiled::{attention_cpu, attention_cpu_into, BLOCK_M, BLOCK_N};

@@ -1,0 +1,213 @@
+//! The CPU backward pass against the float64 reference backward (property tests under the
+//! accuracy rule of [`check_gradient_accuracy`], every gradient separately), plus fully masked
+//! rows in every element type.
+
+use flash_attn::cpu::{
+    attention_backward_cpu, attention_backward_naive, attention_backward_reference,
+    attention_backward_reference_given, attention_cpu,
+};
+use flash_attn::shape::AttnShape;
+use flash_attn::{AttnParams, DType, Element, FlashError};
+use flash_attn_tests::{
+    check_gradient_accuracy, head_major, random_array, random_qkv, to_f64, Magnitude,
+};
+use half::{bf16, f16};
+use ndarray::s;
+use proptest::prelude::*;
+use proptest::sample::select;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+/// Sequence lengths: 1, odd ones, one tile of 64 and just past it.
+const SEQ_LENS: &[usize] = &[1, 5, 13, 31, 64, 67];
+/// `(Hq, Hkv)` pairs: MHA, MQA and GQA.
+const HEADS: &[(usize, usize)] = &[(1, 1), (2, 1), (4, 2), (3, 3), (6, 2)];
+/// Head dims, odd ones included.
+const HEAD_DIMS: &[usize] = &[1, 3, 8, 17, 32];
+/// Softmax scales: the default `1/√d`, a custom one, a negative one and zero.
+const SCALES: &[Option<f32>] = &[None, Some(0.3), Some(-0.5), Some(0.0)];
+
+/// One random problem.
+#[derive(Clone, Debug)]
+struct Case {
+    /// Sizes.
+    shape: AttnShape,
+    /// Element type.
+    dtype: DType,
+    /// Causal masking and scale.
+    params: AttnParams,
+    /// Size of Q and K.
+    magnitude: Magnitude,
+    /// Inputs stored head-major (non-standard strides).
+    head_major: bool,
+    /// Seed of the input values.
+    seed: u64,
+}
+
+/// Random problems over the sizes above.
+fn cases() -> impl Strategy<Value = Case> {
+    let dtypes = select(&[DType::F16, DType::BF16, DType::F32][..]);
+    let magnitudes = select(&[Magnitude::Normal, Magnitude::Large][..]);
+    let sizes = (
+        1..3usize,
+        select(SEQ_LENS),
+        select(SEQ_LENS),
+        select(HEADS),
+        select(HEAD_DIMS),
+    );
+    let options = (
+        dtypes,
+        any::<bool>(),
+        select(SCALES),
+        magnitudes,
+        any::<bool>(),
+        any::<u64>(),
+    );
+    (sizes, options).prop_map(
+        |((batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim), o)| {
+            let (dtype, causal, softmax_scale, magnitude, head_major, seed) = o;
+            Case {
+                shape: AttnShape {
+                    batch,
+                    seqlen_q,
+                    seqlen_k,
+                    heads_q,
+                    heads_kv,
+                    head_dim,
+                },
+                dtype,
+                params: AttnParams {
+                    causal,
+                    softmax_scale,
+                },
+                magnitude,
+                head_major,
+                seed,
+            }
+        },
+    )
+}
+
+/// Runs one case in its element type (forward then backward on the CPU) and applies the
+/// accuracy rule to dQ, dK and dV.
+fn check_case<T: Element>(case: &Case) -> Result<(), String> {
+    let mut rng = StdRng::seed_from_u64(case.seed);
+    let fail = |e: FlashError| e.to_string();
+    let scale = case.params.scale(case.shape.head_dim).map_err(fail)?;
+    let (mut q, mut k, mut v) = random_qkv::<T>(&mut rng, &case.shape, case.magnitude, scale);
+    let mut d_o = random_array::<T>(&mut rng, case.shape.q_dims(), 1.0);
+    if case.head_major {
+        (q, k, v, d_o) = (
+            head_major(q.view()),
+            head_major(k.view()),
+            head_major(v.view()),
+            head_major(d_o.view()),
+        );
+    }
+    let p = &case.params;
+    let (o, lse) = attention_cpu(q.view(), k.view(), v.view(), p).map_err(fail)?;
+    let ours = attention_backward_cpu(
+        q.view(),
+        k.view(),
+        v.view(),
+        o.view(),
+        d_o.view(),
+        lse.view(),
+        p,
+    )
+    .map_err(fail)?;
+    let naive =
+        attention_backward_naive(q.view(), k.view(), v.view(), d_o.view(), p).map_err(fail)?;
+    let wide = [&q, &k, &v, &d_o].map(|a| to_f64(a.view()));
+    let reference = attention_backward_reference(
+        wide[0].view(),
+        wide[1].view(),
+        wide[2].view(),
+        wide[3].view(),
+        p,
+    )
+    .map_err(fail)?;
+    let (o64, lse64) = (to_f64(o.view()), to_f64(lse.view()));
+    let given = attention_backward_reference_given(
+        wide[0].view(),
+        wide[1].view(),
+        wide[2].view(),
+        o64.view(),
+        wide[3].view(),
+        lse64.view(),
+        p,
+    )
+    .map_err(fail)?;
+    check_gradient_accuracy(
+        [ours.0.view(), ours.1.view(), ours.2.view()],
+        [naive.0.view(), naive.1.view(), naive.2.view()],
+        [given.0.view(), given.1.view(), given.2.view()],
+        [reference.0.view(), reference.1.view(), reference.2.view()],
+    )
+}
+
+/// 32 cases, or `PROPTEST_CASES` for a longer soak.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    ProptestConfig::with_cases(cases.unwrap_or(32))
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The tiled CPU backward meets the accuracy rule on random problems.
+    #[test]
+    fn cpu_backward_matches_reference(case in cases()) {
+        let result = match case.dtype {
+            DType::F16 => check_case::<f16>(&case),
+            DType::BF16 => check_case::<bf16>(&case),
+            DType::F32 => check_case::<f32>(&case),
+        };
+        result.map_err(TestCaseError::fail)?;
+    }
+}
+
+/// Causal attention with Nq = 9 > Nk = 3 (rows 0..6 see no key) and a tail of the key tile:
+/// those rows get exactly zero dQ, and no gradient holds NaN.
+fn fully_masked_rows_in<T: Element>() {
+    let shape = AttnShape {
+        batch: 1,
+        seqlen_q: 9,
+        seqlen_k: 3,
+        heads_q: 2,
+        heads_kv: 1,
+        head_dim: 5,
+    };
+    let p = AttnParams {
+        causal: true,
+        softmax_scale: None,
+    };
+    let mut rng = StdRng::seed_from_u64(3);
+    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, Magnitude::Normal, 0.5);
+    let d_o = random_array::<T>(&mut rng, shape.q_dims(), 1.0);
+    let (o, lse) = attention_cpu(q.view(), k.view(), v.view(), &p).unwrap();
+    let (dq, dk, dv) = attention_backward_cpu(
+        q.view(),
+        k.view(),
+        v.view(),
+        o.view(),
+        d_o.view(),
+        lse.view(),
+        &p,
+    )
+    .unwrap();
+    let masked = dq.slice(s![.., ..6, .., ..]);
+    assert!(masked.iter().all(|x| x.to_f32() == 0.0), "{:?}", T::DTYPE);
+    for g in [&dq, &dk, &dv] {
+        assert!(g.iter().all(|x| !x.to_f32().is_nan()), "{:?}", T::DTYPE);
+    }
+}
+
+#[test]
+fn fully_masked_rows_get_zero_gradients() {
+    fully_masked_rows_in::<f16>();
+    fully_masked_rows_in::<bf16>();
+    fully_masked_rows_in::<f32>();
+}
