@@ -65,7 +65,7 @@ pub enum CliError {
         supported: &'static str,
     },
     /// A tensor name that the safetensors file lacks.
-    #[error("{}: no tensor `{name}` (the file holds: {have}; pick names with --q/--k/--v)", path.display())]
+    #[error("{}: no tensor `{name}` (the file holds: {have}; pick names with --q/--k/--v/--do)", path.display())]
     MissingTensor {
         /// The file.
         path: PathBuf,
@@ -74,8 +74,10 @@ pub enum CliError {
         /// The names present, comma-separated.
         have: String,
     },
-    /// Q, K and V of different dtypes.
-    #[error("Q, K and V must have one dtype: `{q}` is {q_dtype}, `{other}` is {other_dtype}")]
+    /// Q, K, V (and dO for the backward pass) of different dtypes.
+    #[error(
+        "Q, K, V (and dO) must have one dtype: `{q}` is {q_dtype}, `{other}` is {other_dtype}"
+    )]
     MixedDtypes {
         /// Q's name.
         q: String,

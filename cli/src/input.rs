@@ -235,8 +235,11 @@ impl<'a> Source<'a> {
     }
 }
 
-/// Reads the tensors `names` (Q, K, V) from a safetensors file.
-pub fn read_safetensors(path: &Path, names: &[String; 3]) -> Result<[RawTensor; 3]> {
+/// Reads the tensors `names` (Q, K, V, and dO for the backward pass) from a safetensors file.
+pub fn read_safetensors<const N: usize>(
+    path: &Path,
+    names: &[String; N],
+) -> Result<[RawTensor; N]> {
     let mut src = Source::open(path)?;
     let prefix = src.read_exact(8, "the header length")?;
     let n = u64::from_le_bytes(prefix[..8].try_into().expect("8 bytes"));
@@ -297,8 +300,13 @@ pub fn read_safetensors(path: &Path, names: &[String; 3]) -> Result<[RawTensor; 
             bytes: view.data().to_vec(),
         })
     };
-    let [q, k, v] = names;
-    Ok([get(q)?, get(k)?, get(v)?])
+    let mut tensors = Vec::with_capacity(N);
+    for name in names {
+        tensors.push(get(name)?);
+    }
+    Ok(tensors
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("one tensor per name")))
 }
 
 /// Reads a `.npy` file: format 1.0 to 3.0, little-endian `<f2` (f16) or `<f4` (f32), C order.

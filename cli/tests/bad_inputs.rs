@@ -106,6 +106,17 @@ fn qkv_file(q: &[usize], k: &[usize], v: &[usize]) -> Vec<u8> {
     ])
 }
 
+/// Q, K, V in f16 of the good shapes and `do` of `do_shape` and `do_dtype` (2-byte values).
+fn qkvdo_file(do_shape: &[usize], do_dtype: Dtype) -> Vec<u8> {
+    let n = do_shape.iter().product::<usize>();
+    safetensors(&[
+        ("q", Dtype::F16, &SHAPE, f16_bytes(N_Q, 1)),
+        ("k", Dtype::F16, &KV_SHAPE, f16_bytes(N_KV, 2)),
+        ("v", Dtype::F16, &KV_SHAPE, f16_bytes(N_KV, 3)),
+        ("do", do_dtype, do_shape, f16_bytes(n, 4)),
+    ])
+}
+
 /// A .npy file: format `version`, header dict `dict` (padded to 64 bytes), then `data`.
 fn npy(version: u8, dict: &str, data: &[u8]) -> Vec<u8> {
     let prefix = if version == 1 { 10 } else { 12 };
@@ -741,6 +752,73 @@ fn rows() -> Vec<Row> {
             none,
             &[st, "--cpu", "-o", "/dev/full"],
             "No space left",
+        ),
+        // --- backward ---
+        bad(
+            "--backward without `do`",
+            none,
+            &[st, "--backward"],
+            "no tensor `do`",
+        ),
+        bad(
+            "--backward with a missing --do name",
+            |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::F16)),
+            &["bwd.safetensors", "--backward", "--do", "grad"],
+            "no tensor `grad`",
+        ),
+        bad(
+            "--backward, `do` of the wrong shape",
+            |d| d.write("bwd.safetensors", &qkvdo_file(&[1, 8, 2, 8], Dtype::F16)),
+            &["bwd.safetensors", "--backward"],
+            "dO is [1, 8, 2, 8], expected [1, 8, 2, 16]",
+        ),
+        bad(
+            "--backward, `do` of rank 3",
+            |d| d.write("bwd.safetensors", &qkvdo_file(&[1, 8, 32], Dtype::F16)),
+            &["bwd.safetensors", "--backward"],
+            "tensor `do` must have rank 4",
+        ),
+        bad(
+            "--backward, `do` of another dtype",
+            |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::BF16)),
+            &["bwd.safetensors", "--backward"],
+            "`do` is BF16",
+        ),
+        bad(
+            "--backward with --npy",
+            none,
+            &["--npy", "q.npy", "k.npy", "v.npy", "--backward"],
+            ".npy input is not supported for the backward pass",
+        ),
+        bad(
+            "--backward with --npy-out",
+            |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::F16)),
+            &[
+                "bwd.safetensors",
+                "--backward",
+                "--npy-out",
+                "a.npy",
+                "b.npy",
+            ],
+            "--npy-out is not supported for the backward pass",
+        ),
+        bad(
+            "--do without --backward",
+            none,
+            &[st, "--do", "x"],
+            "--backward",
+        ),
+        bad(
+            "--backward, -o is the input",
+            |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::F16)),
+            &["bwd.safetensors", "--backward", "-o", "bwd.safetensors"],
+            "same file as input",
+        ),
+        row(
+            "--backward --deterministic writes the gradients",
+            |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::F16)),
+            &["bwd.safetensors", "--backward", "--deterministic"],
+            Succeeds("backward: CPU backend (no GPU backward kernel yet)"),
         ),
         // --- documented results ---
         row(

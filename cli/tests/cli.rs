@@ -545,3 +545,100 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("--npy"));
 }
+
+/// Reads tensor `name` of the CLI's output, checking its dtype, as f64.
+fn read_tensor<T: Elem>(path: &Path, name: &str, dtype: Dtype) -> ArrayD<f64> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), dtype, "{name}: dtype");
+    let size = if dtype == Dtype::F32 { 4 } else { 2 };
+    let data: Vec<f64> = t
+        .data()
+        .chunks_exact(size)
+        .map(|b| {
+            if dtype == Dtype::F32 {
+                f64::from(<f32 as Elem>::from_le(b))
+            } else {
+                T::from_le(b).to_f64()
+            }
+        })
+        .collect();
+    ArrayD::from_shape_vec(IxDyn(t.shape()), data).unwrap()
+}
+
+/// `--backward` writes o, lse, dq, dk, dv equal (bit for bit) to the library's CPU forward and
+/// backward on the same inputs, with the input dtype and layouts.
+fn backward_matches_library<T: Elem + flash_attn::Element>(causal: bool) {
+    let dir = TempDir::new("bwd");
+    let qkv = random_qkv::<T>(1, 13, 9, 4, 2, 12);
+    let d_o = Array4::from_shape_vec(
+        [1, 13, 4, 12],
+        random(13 * 4 * 12, 4)
+            .into_iter()
+            .map(<T as Elem>::from_f32)
+            .collect(),
+    )
+    .unwrap();
+    let (input, output) = (dir.path("in.safetensors"), dir.path("grads.safetensors"));
+    write_safetensors(
+        &input,
+        &[("q", &qkv.q), ("k", &qkv.k), ("v", &qkv.v), ("grad", &d_o)],
+    );
+    let mut args = vec![
+        input.to_str().unwrap(),
+        "--backward",
+        "--do",
+        "grad",
+        "--scale",
+        "-0.4",
+        "-o",
+        output.to_str().unwrap(),
+    ];
+    if causal {
+        args.push("--causal");
+    }
+    let stderr = run_ok(&args);
+    assert!(
+        stderr.contains("backward: CPU backend (no GPU backward kernel yet)"),
+        "{stderr}"
+    );
+    let params = AttnParams {
+        causal,
+        softmax_scale: Some(-0.4),
+    };
+    let (o, lse) =
+        flash_attn::cpu::attention_cpu(qkv.q.view(), qkv.k.view(), qkv.v.view(), &params).unwrap();
+    let (dq, dk, dv) = flash_attn::cpu::attention_backward_cpu(
+        qkv.q.view(),
+        qkv.k.view(),
+        qkv.v.view(),
+        o.view(),
+        d_o.view(),
+        lse.view(),
+        &params,
+    )
+    .unwrap();
+    let wide = |a: &Array4<T>| a.mapv(Elem::to_f64).into_dyn();
+    let expected = [
+        ("o", <T as Elem>::DTYPE, wide(&o)),
+        ("lse", Dtype::F32, lse.mapv(f64::from).into_dyn()),
+        ("dq", <T as Elem>::DTYPE, wide(&dq)),
+        ("dk", <T as Elem>::DTYPE, wide(&dk)),
+        ("dv", <T as Elem>::DTYPE, wide(&dv)),
+    ];
+    for (name, dtype, want) in expected {
+        let got = read_tensor::<T>(&output, name, dtype);
+        assert_eq!(got.shape(), want.shape(), "{name}: shape");
+        let same = got.iter().zip(&want).all(|(a, b)| a == b);
+        assert!(same, "{name}: the CLI's output differs from the library's");
+    }
+    assert!(wide(&dq).iter().any(|&x| x != 0.0), "dq is all zero");
+}
+
+#[test]
+fn backward_writes_the_library_gradients() {
+    backward_matches_library::<f32>(false);
+    backward_matches_library::<bf16>(true);
+    backward_matches_library::<f16>(true);
+}

@@ -3,7 +3,9 @@
 //! Reads Q, K and V (`[B, N, H, d]`, F16, BF16 or F32) from one `.safetensors` file or from
 //! three `.npy` files, runs the forward pass on GPU 0 when there is one (the CPU backend
 //! otherwise, or with `--cpu`), and writes `o` (Q's shape, the input dtype) and `lse`
-//! (`[B, Hq, Nq]`, f32, natural log) to a `.safetensors` file. See `--help`.
+//! (`[B, Hq, Nq]`, f32, natural log) to a `.safetensors` file. With `--backward` it also reads
+//! dO (`do`) and writes the gradients `dq`, `dk`, `dv`, computed on the CPU backend (forward
+//! and backward both, so that the five outputs agree). See `--help`.
 //!
 //! The file handling (bounded readers, output checks, writes through temporary files) is in
 //! the `flash_attn_cli` library; this file is the command line and the forward pass.
@@ -35,6 +37,15 @@ OUTPUT:
     checked before the forward pass and written through a temporary file in the same
     directory, renamed into place, so a failed run leaves existing files as they were.
 
+BACKWARD (--backward):
+    Also reads dO (`do`, or --do NAME) [B, Nq, Hq, d], Q's shape and dtype, from the
+    safetensors input (.npy input and --npy-out are not supported with --backward), and
+    writes `o`, `lse`, `dq` [B, Nq, Hq, d] and `dk`, `dv` [B, Nk, Hkv, d] (input dtype; dK and
+    dV of a shared KV head sum over its query heads) to -o. Both passes run on the CPU backend
+    (there is no GPU backward kernel yet), whatever GPU is present. --deterministic is
+    accepted: the CPU backward is always deterministic (one job per KV head, no atomics); it
+    will select the deterministic mode of the GPU backward once that exists.
+
 The forward pass runs on GPU 0 when a CUDA driver and an sm_80+ GPU are present, on the CPU
 backend otherwise; f32 inputs always run on the CPU (the GPU kernels take f16 and bf16). The
 backend used is reported on stderr. Every option may be given once. Exit status: 0 on
@@ -64,6 +75,14 @@ struct Args {
     /// Name of V in the safetensors file [default: v]
     #[arg(long = "v", value_name = "NAME", allow_hyphen_values = true)]
     v_name: Option<String>,
+    /// Name of dO in the safetensors file, with --backward [default: do]
+    #[arg(
+        long = "do",
+        value_name = "NAME",
+        allow_hyphen_values = true,
+        requires = "backward"
+    )]
+    do_name: Option<String>,
     /// Read Q, K and V from three .npy files instead
     #[arg(long, num_args = 3, value_names = ["Q", "K", "V"], allow_hyphen_values = true,
           action = ArgAction::Set, conflicts_with_all = ["q_name", "k_name", "v_name"])]
@@ -77,7 +96,13 @@ struct Args {
     /// Run on the CPU even when a GPU is present
     #[arg(long)]
     cpu: bool,
-    /// Output safetensors file holding `o` and `lse`
+    /// Also run the backward pass (CPU backend) on dO and write dq, dk, dv
+    #[arg(long)]
+    backward: bool,
+    /// Deterministic backward (the CPU backward always is; see BACKWARD below)
+    #[arg(long)]
+    deterministic: bool,
+    /// Output safetensors file holding `o` and `lse` (and `dq`, `dk`, `dv`)
     #[arg(
         short = 'o',
         long = "out",
@@ -131,6 +156,20 @@ struct Outputs {
 }
 
 fn run(args: &Args) -> Result<(), CliError> {
+    if args.backward && args.npy.is_some() {
+        return Err(CliError::Usage(
+            "--backward reads Q, K, V and dO from a safetensors file; .npy input is not \
+             supported for the backward pass"
+                .into(),
+        ));
+    }
+    if args.backward && args.npy_out.is_some() {
+        return Err(CliError::Usage(
+            "--backward writes its outputs to the safetensors file (-o); --npy-out is not \
+             supported for the backward pass"
+                .into(),
+        ));
+    }
     let mut inputs: Vec<(&'static str, &std::path::Path)> = Vec::new();
     if let Some(path) = &args.input {
         inputs.push(("input", path));
@@ -158,11 +197,34 @@ fn run(args: &Args) -> Result<(), CliError> {
     let npy = pending.next().zip(pending.next());
     let outputs = Outputs { safetensors, npy };
 
+    let name = |n: &Option<String>, default: &str| n.clone().unwrap_or_else(|| default.to_string());
+    if args.backward {
+        let path = args
+            .input
+            .as_ref()
+            .expect("--backward takes a safetensors input");
+        let names = [
+            name(&args.q_name, "q"),
+            name(&args.k_name, "k"),
+            name(&args.v_name, "v"),
+            name(&args.do_name, "do"),
+        ];
+        let [q, k, v, d_o] = read_safetensors(path, &names)?;
+        check_dtypes(&q, [&k, &v, &d_o])?;
+        let params = AttnParams {
+            causal: args.causal,
+            softmax_scale: args.scale,
+        };
+        let raw = [&q, &k, &v, &d_o];
+        let out = outputs.safetensors;
+        return match q.dtype {
+            DType::F16 => run_backward::<f16>(args, &params, raw, out),
+            DType::BF16 => run_backward::<bf16>(args, &params, raw, out),
+            DType::F32 => run_backward::<f32>(args, &params, raw, out),
+        };
+    }
     let [q, k, v] = match (&args.input, &args.npy) {
         (Some(path), _) => {
-            let name = |n: &Option<String>, default: &str| {
-                n.clone().unwrap_or_else(|| default.to_string())
-            };
             let names = [
                 name(&args.q_name, "q"),
                 name(&args.k_name, "k"),
@@ -181,16 +243,7 @@ fn run(args: &Args) -> Result<(), CliError> {
             ))
         }
     };
-    for t in [&k, &v] {
-        if t.dtype != q.dtype {
-            return Err(CliError::MixedDtypes {
-                q: q.name.clone(),
-                q_dtype: format!("{:?}", q.dtype),
-                other: t.name.clone(),
-                other_dtype: format!("{:?}", t.dtype),
-            });
-        }
-    }
+    check_dtypes(&q, [&k, &v])?;
     let params = AttnParams {
         causal: args.causal,
         softmax_scale: args.scale,
@@ -200,6 +253,21 @@ fn run(args: &Args) -> Result<(), CliError> {
         DType::BF16 => run_typed::<bf16>(args, &params, [&q, &k, &v], outputs),
         DType::F32 => run_typed::<f32>(args, &params, [&q, &k, &v], outputs),
     }
+}
+
+/// Fails unless every tensor of `others` has Q's dtype.
+fn check_dtypes<const N: usize>(q: &RawTensor, others: [&RawTensor; N]) -> Result<(), CliError> {
+    for t in others {
+        if t.dtype != q.dtype {
+            return Err(CliError::MixedDtypes {
+                q: q.name.clone(),
+                q_dtype: format!("{:?}", q.dtype),
+                other: t.name.clone(),
+                other_dtype: format!("{:?}", t.dtype),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Where the forward pass runs.
@@ -290,7 +358,8 @@ fn run_typed<T: FileElement>(
         safetensors: mut st_out,
         npy,
     } = outputs;
-    let st_bytes = safetensors_bytes(&o, &lse, metadata).map_err(|e| CliError::Format {
+    let tensors = [named("o", T::ST_DTYPE, &o), named("lse", Dtype::F32, &lse)];
+    let st_bytes = safetensors_bytes(&tensors, metadata).map_err(|e| CliError::Format {
         path: st_out.path().to_path_buf(),
         message: e.to_string(),
     })?;
@@ -355,25 +424,102 @@ fn gpu_forward<T: Element>(
     Ok((o, lse))
 }
 
-/// The safetensors file holding `o` and `lse`.
-fn safetensors_bytes<T: FileElement>(
-    o: &Array4<T>,
-    lse: &Array3<f32>,
+/// A tensor to write: name, dtype, shape and little-endian bytes.
+type Named = (&'static str, Dtype, Vec<usize>, Vec<u8>);
+
+/// An array as a [`Named`] tensor.
+fn named<T: FileElement, D: ndarray::Dimension>(
+    name: &'static str,
+    dtype: Dtype,
+    a: &ndarray::Array<T, D>,
+) -> Named {
+    (name, dtype, a.shape().to_vec(), le_bytes(a))
+}
+
+/// The safetensors file holding `tensors` (`o` and `lse`, and the gradients).
+fn safetensors_bytes(
+    tensors: &[Named],
     metadata: HashMap<String, String>,
 ) -> Result<Vec<u8>, safetensors::SafeTensorError> {
-    let o_bytes = le_bytes(o);
-    let lse_bytes = le_bytes(lse);
+    let views = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            Ok((*name, TensorView::new(*dtype, shape.clone(), bytes)?))
+        })
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
+    safetensors::serialize(views, Some(metadata))
+}
+
+/// `--backward`: the forward and backward passes on the CPU backend, and one safetensors
+/// output holding `o`, `lse`, `dq`, `dk` and `dv`.
+fn run_backward<T: FileElement>(
+    args: &Args,
+    params: &AttnParams,
+    raw: [&RawTensor; 4],
+    mut out: PendingOutput,
+) -> Result<(), CliError> {
+    let [q, k, v, d_o] = raw.map(RawTensor::to_array::<T>);
+    let (q, k, v, d_o) = (q?, k?, v?, d_o?);
+    let attention = |e: FlashError| CliError::Attention(e.to_string());
+    let dims = |a: &Array4<T>| -> [usize; 4] { a.dim().into() };
+    let shape = check_shapes(&dims(&q), &dims(&k), &dims(&v)).map_err(attention)?;
+    shape
+        .check_backward_inputs(&shape.q_dims(), &dims(&d_o), &shape.lse_dims())
+        .map_err(|e| CliError::Attention(format!("{e} (tensor `{}`)", raw[3].name)))?;
+    let scale = params.scale(shape.head_dim).map_err(attention)?;
+    eprintln!("flash-attn-cli: backward: CPU backend (no GPU backward kernel yet)");
+    if args.deterministic {
+        eprintln!("flash-attn-cli: --deterministic: the CPU backward is always deterministic");
+    }
+    let start = Instant::now();
+    let (o, lse) = cpu::attention_cpu(q.view(), k.view(), v.view(), params).map_err(attention)?;
+    let (dq, dk, dv) = cpu::attention_backward_cpu(
+        q.view(),
+        k.view(),
+        v.view(),
+        o.view(),
+        d_o.view(),
+        lse.view(),
+        params,
+    )
+    .map_err(attention)?;
+    eprintln!(
+        "flash-attn-cli: forward + backward: Q {:?} K {:?} {:?}{} in {:.1} ms",
+        q.shape(),
+        k.shape(),
+        T::DTYPE,
+        if params.causal { " causal" } else { "" },
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    let metadata = HashMap::from([
+        ("backend".to_string(), "cpu".to_string()),
+        ("causal".to_string(), params.causal.to_string()),
+        ("softmax_scale".to_string(), scale.to_string()),
+        ("deterministic".to_string(), "true".to_string()),
+    ]);
     let tensors = [
-        (
-            "o",
-            TensorView::new(T::ST_DTYPE, o.shape().to_vec(), &o_bytes)?,
-        ),
-        (
-            "lse",
-            TensorView::new(Dtype::F32, lse.shape().to_vec(), &lse_bytes)?,
-        ),
+        named("o", T::ST_DTYPE, &o),
+        named("lse", Dtype::F32, &lse),
+        named("dq", T::ST_DTYPE, &dq),
+        named("dk", T::ST_DTYPE, &dk),
+        named("dv", T::ST_DTYPE, &dv),
     ];
-    safetensors::serialize(tensors, Some(metadata))
+    let bytes = safetensors_bytes(&tensors, metadata).map_err(|e| CliError::Format {
+        path: out.path().to_path_buf(),
+        message: e.to_string(),
+    })?;
+    out.fill(|w| w.write_all(&bytes))?;
+    let path = out.path().to_path_buf();
+    out.commit()?;
+    eprintln!(
+        "flash-attn-cli: wrote {} (o, dq {:?}, dk, dv {:?} {:?}; lse {:?} F32)",
+        path.display(),
+        o.shape(),
+        dk.shape(),
+        T::DTYPE,
+        lse.shape()
+    );
+    Ok(())
 }
 
 /// Little-endian bytes of an array's elements in logical (C) order.
@@ -418,5 +564,18 @@ mod tests {
         let a = Args::try_parse_from(["flash-attn-cli", "--npy", "a", "b", "c"]).unwrap();
         assert_eq!(a.npy.map(|v| v.len()), Some(3));
         assert_eq!(a.out, PathBuf::from("out.safetensors"));
+        assert!(!a.backward && !a.deterministic);
+        let a = Args::try_parse_from([
+            "flash-attn-cli",
+            "in.safetensors",
+            "--backward",
+            "--do",
+            "grad",
+            "--deterministic",
+        ])
+        .unwrap();
+        assert!(a.backward && a.deterministic);
+        assert_eq!(a.do_name, Some("grad".into()));
+        assert!(Args::try_parse_from(["flash-attn-cli", "in.safetensors", "--do", "g"]).is_err());
     }
 }
