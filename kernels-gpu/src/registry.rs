@@ -1,6 +1,6 @@
 //! Every compiled kernel, declared once.
 //!
-//! The [`registry!`] invocation at the bottom is the only list of kernels: it expands to the
+//! The `registry!` invocation at the bottom is the only list of kernels: it expands to the
 //! device entry points (on `nvptx64`), to the tables the host dispatches from
 //! ([`FWD_KERNELS`], [`ALL_KERNELS`]), and from those the ptxas report, the kernel build's
 //! per-kernel files and the tests enumerate kernels. Adding a kernel is one line here.

@@ -8,8 +8,10 @@
 //! pass is held to the same rule for dQ, dK and dV ([`check_gradient_accuracy`]).
 
 use flash_attn::shape::AttnShape;
-use flash_attn::Element;
+use flash_attn::{AttnParams, DType, Element};
 use ndarray::{Array, Array4, ArrayView, ArrayView3, ArrayView4, Dimension};
+use proptest::prelude::*;
+use proptest::sample::select;
 use rand::Rng;
 
 /// How large the random queries and keys are.
@@ -207,4 +209,72 @@ fn check_tensor_within<T: Element, U: Element, D: Dimension>(
         )),
         _ => Ok(()),
     }
+}
+
+/// One random problem of the CPU property tests.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// Sizes.
+    pub shape: AttnShape,
+    /// Element type.
+    pub dtype: DType,
+    /// Causal masking and scale.
+    pub params: AttnParams,
+    /// Size of Q and K.
+    pub magnitude: Magnitude,
+    /// Inputs stored head-major (non-standard strides).
+    pub head_major: bool,
+    /// Seed of the input values.
+    pub seed: u64,
+}
+
+/// Random problems: batch 1 or 2, lengths from `seq_lens`, `(Hq, Hkv)` from `heads`, head dims
+/// from `head_dims`, scales from `scales`; every element type, causal or not, both magnitudes,
+/// both layouts.
+pub fn cases(
+    seq_lens: &'static [usize],
+    heads: &'static [(usize, usize)],
+    head_dims: &'static [usize],
+    scales: &'static [Option<f32>],
+) -> impl Strategy<Value = Case> {
+    let dtypes = select(&[DType::F16, DType::BF16, DType::F32][..]);
+    let magnitudes = select(&[Magnitude::Normal, Magnitude::Large][..]);
+    let sizes = (
+        1..3usize,
+        select(seq_lens),
+        select(seq_lens),
+        select(heads),
+        select(head_dims),
+    );
+    let options = (
+        dtypes,
+        any::<bool>(),
+        select(scales),
+        magnitudes,
+        any::<bool>(),
+        any::<u64>(),
+    );
+    (sizes, options).prop_map(
+        |((batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim), o)| {
+            let (dtype, causal, softmax_scale, magnitude, head_major, seed) = o;
+            Case {
+                shape: AttnShape {
+                    batch,
+                    seqlen_q,
+                    seqlen_k,
+                    heads_q,
+                    heads_kv,
+                    head_dim,
+                },
+                dtype,
+                params: AttnParams {
+                    causal,
+                    softmax_scale,
+                },
+                magnitude,
+                head_major,
+                seed,
+            }
+        },
+    )
 }

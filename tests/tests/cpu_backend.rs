@@ -4,11 +4,10 @@
 use flash_attn::cpu::{attention_cpu, attention_cpu_into, attention_naive, attention_reference};
 use flash_attn::shape::AttnShape;
 use flash_attn::{AttnParams, DType, Element, FlashError};
-use flash_attn_tests::{check_accuracy, head_major, random_qkv, to_f64, Magnitude};
+use flash_attn_tests::{cases, check_accuracy, head_major, random_qkv, to_f64, Case, Magnitude};
 use half::{bf16, f16};
 use ndarray::{s, Array3, Array4};
 use proptest::prelude::*;
-use proptest::sample::select;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -20,67 +19,6 @@ const HEADS: &[(usize, usize)] = &[(1, 1), (2, 1), (4, 2), (3, 3), (6, 2)];
 const HEAD_DIMS: &[usize] = &[1, 8, 32, 40, 64, 96, 100, 128];
 /// Softmax scales: the default `1/√d`, a custom one and a negative one.
 const SCALES: &[Option<f32>] = &[None, Some(0.3), Some(-0.5)];
-
-/// One random problem.
-#[derive(Clone, Debug)]
-struct Case {
-    /// Sizes.
-    shape: AttnShape,
-    /// Element type.
-    dtype: DType,
-    /// Causal masking and scale.
-    params: AttnParams,
-    /// Size of Q and K.
-    magnitude: Magnitude,
-    /// Inputs stored head-major (non-standard strides).
-    head_major: bool,
-    /// Seed of the input values.
-    seed: u64,
-}
-
-/// Random problems over the sizes above.
-fn cases() -> impl Strategy<Value = Case> {
-    let dtypes = select(&[DType::F16, DType::BF16, DType::F32][..]);
-    let magnitudes = select(&[Magnitude::Normal, Magnitude::Large][..]);
-    let sizes = (
-        1..3usize,
-        select(SEQ_LENS),
-        select(SEQ_LENS),
-        select(HEADS),
-        select(HEAD_DIMS),
-    );
-    let options = (
-        dtypes,
-        any::<bool>(),
-        select(SCALES),
-        magnitudes,
-        any::<bool>(),
-        any::<u64>(),
-    );
-    (sizes, options).prop_map(
-        |((batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim), o)| {
-            let (dtype, causal, softmax_scale, magnitude, head_major, seed) = o;
-            Case {
-                shape: AttnShape {
-                    batch,
-                    seqlen_q,
-                    seqlen_k,
-                    heads_q,
-                    heads_kv,
-                    head_dim,
-                },
-                dtype,
-                params: AttnParams {
-                    causal,
-                    softmax_scale,
-                },
-                magnitude,
-                head_major,
-                seed,
-            }
-        },
-    )
-}
 
 /// Runs one case in its element type and applies the accuracy rule.
 fn check_case<T: Element>(case: &Case) -> Result<(), String> {
@@ -123,7 +61,7 @@ proptest! {
 
     /// The tiled CPU backend meets the accuracy rule on random problems.
     #[test]
-    fn cpu_matches_reference(case in cases()) {
+    fn cpu_matches_reference(case in cases(SEQ_LENS, HEADS, HEAD_DIMS, SCALES)) {
         let result = match case.dtype {
             DType::F16 => check_case::<f16>(&case),
             DType::BF16 => check_case::<bf16>(&case),

@@ -9,12 +9,11 @@ use flash_attn::cpu::{
 use flash_attn::shape::AttnShape;
 use flash_attn::{AttnParams, DType, Element, FlashError};
 use flash_attn_tests::{
-    check_gradient_accuracy, head_major, random_array, random_qkv, to_f64, Magnitude,
+    cases, check_gradient_accuracy, head_major, random_array, random_qkv, to_f64, Case, Magnitude,
 };
 use half::{bf16, f16};
 use ndarray::s;
 use proptest::prelude::*;
-use proptest::sample::select;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -26,67 +25,6 @@ const HEADS: &[(usize, usize)] = &[(1, 1), (2, 1), (4, 2), (3, 3), (6, 2)];
 const HEAD_DIMS: &[usize] = &[1, 3, 8, 17, 32];
 /// Softmax scales: the default `1/√d`, a custom one, a negative one and zero.
 const SCALES: &[Option<f32>] = &[None, Some(0.3), Some(-0.5), Some(0.0)];
-
-/// One random problem.
-#[derive(Clone, Debug)]
-struct Case {
-    /// Sizes.
-    shape: AttnShape,
-    /// Element type.
-    dtype: DType,
-    /// Causal masking and scale.
-    params: AttnParams,
-    /// Size of Q and K.
-    magnitude: Magnitude,
-    /// Inputs stored head-major (non-standard strides).
-    head_major: bool,
-    /// Seed of the input values.
-    seed: u64,
-}
-
-/// Random problems over the sizes above.
-fn cases() -> impl Strategy<Value = Case> {
-    let dtypes = select(&[DType::F16, DType::BF16, DType::F32][..]);
-    let magnitudes = select(&[Magnitude::Normal, Magnitude::Large][..]);
-    let sizes = (
-        1..3usize,
-        select(SEQ_LENS),
-        select(SEQ_LENS),
-        select(HEADS),
-        select(HEAD_DIMS),
-    );
-    let options = (
-        dtypes,
-        any::<bool>(),
-        select(SCALES),
-        magnitudes,
-        any::<bool>(),
-        any::<u64>(),
-    );
-    (sizes, options).prop_map(
-        |((batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim), o)| {
-            let (dtype, causal, softmax_scale, magnitude, head_major, seed) = o;
-            Case {
-                shape: AttnShape {
-                    batch,
-                    seqlen_q,
-                    seqlen_k,
-                    heads_q,
-                    heads_kv,
-                    head_dim,
-                },
-                dtype,
-                params: AttnParams {
-                    causal,
-                    softmax_scale,
-                },
-                magnitude,
-                head_major,
-                seed,
-            }
-        },
-    )
-}
 
 /// Runs one case in its element type (forward then backward on the CPU) and applies the
 /// accuracy rule to dQ, dK and dV.
@@ -159,7 +97,7 @@ proptest! {
 
     /// The tiled CPU backward meets the accuracy rule on random problems.
     #[test]
-    fn cpu_backward_matches_reference(case in cases()) {
+    fn cpu_backward_matches_reference(case in cases(SEQ_LENS, HEADS, HEAD_DIMS, SCALES)) {
         let result = match case.dtype {
             DType::F16 => check_case::<f16>(&case),
             DType::BF16 => check_case::<bf16>(&case),
