@@ -12,7 +12,7 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array4, ArrayView3, ArrayView4, Dim, Zip};
 
 use crate::cpu::alloc;
-use crate::cpu::reference::{round_to, softmax_in_place, visible_keys, Precision, Real};
+use crate::cpu::reference::{round_to, softmax_in_place, visible_keys, Precision, Real, EXACT};
 use crate::cpu::validate::check_inputs;
 use crate::dtype::Element;
 use crate::error::Result;
@@ -32,13 +32,7 @@ pub fn attention_backward_reference(
     d_o: ArrayView4<f64>,
     params: &AttnParams,
 ) -> Result<Gradients<f64>> {
-    let exact = Precision {
-        load: |x: f64| x,
-        scores: |x| x,
-        probs: |x| x,
-        store: |x| x,
-    };
-    naive_backward(q, k, v, d_o, None, params, |s| s as f64, &exact)
+    naive_backward(q, k, v, d_o, None, params, |s| s as f64, &EXACT)
 }
 
 /// [`attention_backward_reference`] from given forward outputs, as the tiled backward takes
@@ -57,13 +51,7 @@ pub fn attention_backward_reference_given(
     lse: ArrayView3<f64>,
     params: &AttnParams,
 ) -> Result<Gradients<f64>> {
-    let exact = Precision {
-        load: |x: f64| x,
-        scores: |x| x,
-        probs: |x| x,
-        store: |x| x,
-    };
-    naive_backward(q, k, v, d_o, Some((o, lse)), params, |s| s as f64, &exact)
+    naive_backward(q, k, v, d_o, Some((o, lse)), params, |s| s as f64, &EXACT)
 }
 
 /// Naive attention backward in the element type `T`, as a framework's unfused backward in

@@ -26,13 +26,7 @@ pub fn attention_reference(
     v: ArrayView4<f64>,
     params: &AttnParams,
 ) -> Result<(Array4<f64>, Array3<f64>)> {
-    let exact = Precision {
-        load: |x: f64| x,
-        scores: |x| x,
-        probs: |x| x,
-        store: |x| x,
-    };
-    naive(q, k, v, params, |s| s as f64, &exact)
+    naive(q, k, v, params, |s| s as f64, &EXACT)
 }
 
 /// Naive attention in the element type `T`: `S = Q·Kᵀ` accumulated in f32 and rounded to `T`,
@@ -112,6 +106,14 @@ pub(crate) struct Precision<T, A, O> {
     /// Accumulator to output element.
     pub(crate) store: fn(A) -> O,
 }
+
+/// No rounding anywhere: the float64 reference.
+pub(crate) const EXACT: Precision<f64, f64, f64> = Precision {
+    load: |x| x,
+    scores: |x| x,
+    probs: |x| x,
+    store: |x| x,
+};
 
 /// Rounds an f32 to `T` and back.
 pub(crate) fn round_to<T: Element>(x: f32) -> f32 {
