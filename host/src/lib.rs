@@ -5,6 +5,7 @@
 //! application needs neither the kernel toolchain nor the CUDA toolkit: only the NVIDIA driver
 //! at run time. Where no GPU is present, [`cpu`] runs the same algorithm on the CPU.
 
+mod bwd;
 pub mod cpu;
 pub mod device;
 mod driver_lib;
@@ -18,6 +19,7 @@ pub mod shape;
 pub mod tensor;
 pub mod timing;
 
+pub use bwd::{flash_attn_backward, flash_attn_backward_into};
 pub use device::{device_count, Device};
 pub use dtype::{DType, Element};
 pub use error::{FlashError, Result};

@@ -58,6 +58,68 @@ impl FwdTile {
     }
 }
 
+/// Tile shape of one backward instantiation: a block owns `block_n` keys (16 per warp) and
+/// walks the query tiles of `block_m` rows that see them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BwdTile {
+    /// Compiled head dim.
+    pub head_dim: usize,
+    /// Keys per block (`16 · warps`).
+    pub block_n: usize,
+    /// Queries per step of the block's loop.
+    pub block_m: usize,
+    /// Warps per block.
+    pub warps: usize,
+}
+
+impl BwdTile {
+    /// The tile for `head_dim` from the registry's `(warps, block_m)`.
+    pub const fn new(head_dim: usize, shape: (usize, usize)) -> Self {
+        let (warps, block_m) = shape;
+        Self {
+            head_dim,
+            block_n: warps * MMA_M,
+            block_m,
+            warps,
+        }
+    }
+
+    /// Elements per shared-memory row of the Q, dO, K and V tiles.
+    pub const fn smem_pitch(&self) -> usize {
+        self.head_dim.next_power_of_two()
+    }
+
+    /// Threads per block.
+    pub const fn threads(&self) -> usize {
+        self.warps * WARP_SIZE
+    }
+
+    /// The 8-column dQ tiles a warp computes at a time: all of them up to d = 64, four above
+    /// (the dK and dV accumulators already hold `d` registers per thread; wider slices spill
+    /// at d = 128 on sm_90a).
+    pub const fn dq_tiles(&self) -> usize {
+        let tiles = self.head_dim / 8;
+        if tiles > 8 {
+            4
+        } else {
+            tiles
+        }
+    }
+
+    /// Dynamic shared memory in bytes: K and V `[block_n][pitch]`, Q and dO
+    /// `[block_m][pitch]`, dSᵀ `[block_n][block_m]` (16-bit), then LSE and D (`block_m` f32
+    /// each).
+    pub const fn smem_bytes(&self) -> usize {
+        2 * (2 * self.block_n * self.smem_pitch()
+            + 2 * self.block_m * self.smem_pitch()
+            + self.block_n * self.block_m)
+            + 2 * 4 * self.block_m
+    }
+}
+
+/// Threads per block of the backward's pre-pass and dQ conversion kernels.
+pub const BWD_AUX_THREADS: usize = 256;
+
 /// Name of the strided ⇄ packed layout kernel.
 pub const PAD_KERNEL_NAME: &str = "pad_copy_b16";
 

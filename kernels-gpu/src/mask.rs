@@ -36,6 +36,10 @@ pub trait AttnMask: Sized {
     /// current tile index live across a step.
     fn next_key_tile(&self, row0: u32, block_m: u32, block_n: u32, n: u32) -> Option<u32>;
 
+    /// Whether query rows `[row0, row0 + block_m)` visit key tile `n` (the backward walks the
+    /// query tiles of one key tile).
+    fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool;
+
     /// Every key tile the query tile visits, in visiting order (decreasing).
     #[inline(always)]
     fn key_tiles(&self, row0: u32, block_m: u32, block_n: u32) -> KeyTiles<'_, Self> {
@@ -153,6 +157,13 @@ impl AttnMask for CausalMask {
     }
 
     #[inline(always)]
+    fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool {
+        // The visited tiles are 0 ..= first_key_tile.
+        self.first_key_tile(row0, block_m, block_n)
+            .is_some_and(|last| n <= last)
+    }
+
+    #[inline(always)]
     fn tile_needs_mask(&self, row0: u32, _block_m: u32, n_block: u32, block_n: u32) -> bool {
         let key_end = (n_block as u64 + 1) * block_n as u64; // exclusive
         if key_end > self.seqlen_k as u64 {
@@ -209,6 +220,9 @@ mod tests {
                             assert!(n < last, "tiles must come in decreasing order");
                             last = n;
                             visited[n as usize] = true;
+                        }
+                        for n in 0..nk.div_ceil(bn) {
+                            assert_eq!(m.visits_key_tile(row0, bm, n, bn), visited[n as usize]);
                         }
                         let rows = row0..(row0 + bm).min(nq);
                         for n in 0..nk.div_ceil(bn) {

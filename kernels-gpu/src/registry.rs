@@ -12,7 +12,7 @@
 //! instead of doubling the PTX; see docs/design.md).
 
 use crate::arch::{Arch, ARCH_COUNT};
-use crate::config::{FwdTile, PAD_THREADS};
+use crate::config::{BwdTile, FwdTile, BWD_AUX_THREADS, PAD_THREADS};
 
 /// Element type of a kernel's 16-bit tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -36,6 +36,12 @@ pub enum MaskKind {
 pub enum Family {
     /// Forward attention, [`crate::params::FwdParams`].
     Fwd,
+    /// Backward attention (dK, dV, and dQ through an f32 accumulator),
+    /// [`crate::params::BwdParams`].
+    Bwd,
+    /// The backward's pre-pass (D = rowsum(dO ∘ O)) and dQ conversion,
+    /// [`crate::params::BwdParams`].
+    BwdPasses,
     /// Strided ⇄ packed copy, [`crate::params::PadParams`].
     Layout,
 }
@@ -63,6 +69,49 @@ impl FwdKernel {
     pub const fn tile(&self, arch: Arch) -> FwdTile {
         self.tiles[arch.index()]
     }
+}
+
+/// One backward kernel per element type for a (head dim, mask kind).
+#[derive(Clone, Copy, Debug)]
+pub struct BwdKernel {
+    /// Compiled head dim; callers' smaller head dims run zero-padded on it.
+    pub head_dim: usize,
+    /// Mask type.
+    pub mask: MaskKind,
+    /// Entry point names, indexed by [`KernelDType`].
+    pub names: [&'static str; 2],
+    /// Tile shape per target, in [`crate::arch::ARCHS`] order.
+    pub tiles: [BwdTile; ARCH_COUNT],
+}
+
+impl BwdKernel {
+    /// The entry point for `dtype`.
+    pub const fn name(&self, dtype: KernelDType) -> &'static str {
+        self.names[dtype as usize]
+    }
+
+    /// The tile shape on `arch`.
+    pub const fn tile(&self, arch: Arch) -> BwdTile {
+        self.tiles[arch.index()]
+    }
+}
+
+/// The backward kernel that runs a caller's `head_dim` under `mask` (smallest compiled head
+/// dim ≥ it); `None` for 0 and above the largest.
+pub const fn bwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static BwdKernel> {
+    let mut best: Option<&'static BwdKernel> = None;
+    let mut i = 0;
+    while i < BWD_KERNELS.len() {
+        let k = &BWD_KERNELS[i];
+        if head_dim > 0 && head_dim <= k.head_dim && k.mask as u8 == mask as u8 {
+            best = match best {
+                Some(b) if b.head_dim <= k.head_dim => Some(b),
+                _ => Some(k),
+            };
+        }
+        i += 1;
+    }
+    best
 }
 
 /// Launch resources of any registered kernel (for the ptxas report and the loader's checks).
@@ -114,6 +163,8 @@ pub const fn max_fwd_head_dim() -> usize {
 macro_rules! registry {
     (
         fwd { $( $d:literal $mask:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
+        bwd { $( $bd:literal $bmask:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
+        bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
         layout { $( $pad:ident; )* }
     ) => {
         /// Every forward kernel.
@@ -126,12 +177,36 @@ macro_rules! registry {
             },
         )*];
 
+        /// Every backward kernel.
+        pub const BWD_KERNELS: &[BwdKernel] = &[$(
+            BwdKernel {
+                head_dim: $bd,
+                mask: MaskKind::$bmask,
+                names: [stringify!($bf16_), stringify!($bbf16)],
+                tiles: bwd_tiles_of($bd, $btiles),
+            },
+        )*];
+
+        /// The backward's pre-pass entry points, indexed by [`KernelDType`].
+        pub const BWD_PREP_KERNELS: [&str; 2] = [stringify!($prep16), stringify!($prepb16)];
+
+        /// The backward's dQ conversion entry points, indexed by [`KernelDType`].
+        pub const BWD_CONVERT_KERNELS: [&str; 2] = [stringify!($conv16), stringify!($convb16)];
+
         /// Every kernel of every family, with its launch resources.
         pub const ALL_KERNELS: &[KernelInfo] = &[
             $(
                 fwd_info(stringify!($f16), tiles_of($d, $tiles)),
                 fwd_info(stringify!($bf16), tiles_of($d, $tiles)),
             )*
+            $(
+                bwd_info(stringify!($bf16_), bwd_tiles_of($bd, $btiles)),
+                bwd_info(stringify!($bbf16), bwd_tiles_of($bd, $btiles)),
+            )*
+            aux_info(stringify!($prep16)),
+            aux_info(stringify!($prepb16)),
+            aux_info(stringify!($conv16)),
+            aux_info(stringify!($convb16)),
             $(
                 KernelInfo {
                     name: stringify!($pad),
@@ -151,6 +226,14 @@ macro_rules! registry {
                 fwd_entry!($f16, F16, $mask, $d, $tiles);
                 fwd_entry!($bf16, Bf16, $mask, $d, $tiles);
             )*
+            $(
+                bwd_entry!($bf16_, F16, $bmask, $bd, $btiles);
+                bwd_entry!($bbf16, Bf16, $bmask, $bd, $btiles);
+            )*
+            bwd_pass_entry!($prep16, F16, bwd_prep);
+            bwd_pass_entry!($prepb16, Bf16, bwd_prep);
+            bwd_pass_entry!($conv16, F16, bwd_convert_dq);
+            bwd_pass_entry!($convb16, Bf16, bwd_convert_dq);
             $(
                 /// Strided ⇄ packed copy of 16-bit tensors; see `device::pad`.
                 ///
@@ -195,6 +278,91 @@ macro_rules! fwd_entry {
     };
 }
 
+/// One backward entry point (see `device::bwd::flash_bwd`).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! bwd_entry {
+    ($name:ident, $elem:ident, $mask:ident, $d:literal, $tiles:expr) => {
+        /// Backward attention for one (dtype, head dim, mask); see `device::bwd`.
+        ///
+        /// # Safety
+        /// Launched by the host crate with the grid, block and shared memory of its tile,
+        /// after the pre-pass and with the dQ accumulator zeroed.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::BwdParams) {
+            const T: BwdTile = bwd_tiles_of($d, $tiles)[Arch::current().index()];
+            crate::device::bwd::flash_bwd::<
+                crate::device::elem::$elem,
+                crate::mask::kind::$mask,
+                $d,
+                { T.smem_pitch() },
+                { T.block_n },
+                { T.block_m },
+                { T.warps },
+                { $d / 16 },
+                { $d / 8 },
+                { T.block_m / 8 },
+                { T.block_n / 16 },
+                { T.dq_tiles() },
+            >(&p)
+        }
+    };
+}
+
+/// One entry point of the backward's pre-pass or dQ conversion.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! bwd_pass_entry {
+    ($name:ident, $elem:ident, $body:ident) => {
+        /// A pass of the backward (`device::bwd::passes`).
+        ///
+        /// # Safety
+        /// Launched by the host crate on validated parameters.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::BwdParams) {
+            crate::device::bwd::$body::<crate::device::elem::$elem>(&p)
+        }
+    };
+}
+
+/// The registry's per-target `(warps, block_m)` as backward tiles.
+const fn bwd_tiles_of(
+    head_dim: usize,
+    shapes: [(usize, usize); ARCH_COUNT],
+) -> [BwdTile; ARCH_COUNT] {
+    let mut out = [BwdTile::new(head_dim, shapes[0]); ARCH_COUNT];
+    let mut i = 1;
+    while i < ARCH_COUNT {
+        out[i] = BwdTile::new(head_dim, shapes[i]);
+        i += 1;
+    }
+    out
+}
+
+const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInfo {
+    let mut dyn_smem = [0; ARCH_COUNT];
+    let mut threads = [0; ARCH_COUNT];
+    let mut i = 0;
+    while i < ARCH_COUNT {
+        dyn_smem[i] = tiles[i].smem_bytes();
+        threads[i] = tiles[i].threads();
+        i += 1;
+    }
+    KernelInfo {
+        name,
+        family: Family::Bwd,
+        dyn_smem,
+        threads,
+    }
+}
+
+const fn aux_info(name: &'static str) -> KernelInfo {
+    KernelInfo {
+        name,
+        family: Family::BwdPasses,
+        dyn_smem: [0; ARCH_COUNT],
+        threads: [BWD_AUX_THREADS; ARCH_COUNT],
+    }
+}
+
 /// The registry's per-target `(warps, m_tiles, block_n, q_in_regs)` as tiles.
 const fn tiles_of(
     head_dim: usize,
@@ -237,6 +405,16 @@ registry! {
         96 Causal [flash_fwd_f16_d96, flash_fwd_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
         128 Causal [flash_fwd_f16_d128, flash_fwd_bf16_d128] [(4, 2, 32, false), (4, 2, 64, false)];
         256 Causal [flash_fwd_f16_d256, flash_fwd_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+    }
+    bwd {
+        32 Causal [flash_bwd_f16_d32, flash_bwd_bf16_d32] [(4, 64), (4, 64)];
+        64 Causal [flash_bwd_f16_d64, flash_bwd_bf16_d64] [(4, 64), (4, 64)];
+        96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 64), (4, 64)];
+        128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 64), (4, 64)];
+    }
+    bwd_passes {
+        prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];
+        convert [flash_bwd_convert_dq_f16, flash_bwd_convert_dq_bf16];
     }
     layout {
         pad_copy_b16;
@@ -286,7 +464,10 @@ mod tests {
         names.sort();
         names.dedup();
         assert_eq!(names.len(), ALL_KERNELS.len());
-        assert_eq!(ALL_KERNELS.len(), 2 * FWD_KERNELS.len() + 1);
+        assert_eq!(
+            ALL_KERNELS.len(),
+            2 * FWD_KERNELS.len() + 2 * BWD_KERNELS.len() + 4 + 1
+        );
     }
 
     #[test]

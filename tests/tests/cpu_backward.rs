@@ -77,6 +77,7 @@ fn check_case<T: Element>(case: &Case) -> Result<(), String> {
     )
     .map_err(fail)?;
     check_gradient_accuracy(
+        2.0,
         [ours.0.view(), ours.1.view(), ours.2.view()],
         [naive.0.view(), naive.1.view(), naive.2.view()],
         [given.0.view(), given.1.view(), given.2.view()],

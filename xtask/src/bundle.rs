@@ -1,6 +1,6 @@
 //! `cargo xtask bundle`: everything a GPU machine without Rust needs, in `bundle/`
-//! (git-ignored, at most 64 MiB): the release test binaries, the benchmark and CLI binaries,
-//! the PyTorch comparison script and `run.sh`.
+//! and `bundle.tgz` (git-ignored; what travels must stay under 64 MiB): the release test
+//! binaries, the benchmark and CLI binaries, the PyTorch comparison script and `run.sh`.
 
 use crate::cmd;
 use std::path::Path;
@@ -84,10 +84,20 @@ pub fn run() -> Result<(), String> {
     copy(&root.join("xtask/scripts/run.sh"), &out.join("run.sh"))?;
     let size = dir_size(&out)?;
     eprintln!("bundle/: {:.1} MiB", size as f64 / (1 << 20) as f64);
-    if size > MAX_BYTES {
-        return Err(format!("bundle is {size} bytes, over the 64 MiB limit"));
+    // Every test binary embeds the kernels (PTX compresses about 10×): the compressed
+    // archive is what travels when the directory is over the limit.
+    let archive = root.join("bundle.tgz");
+    cmd::run(Command::new("tar").current_dir(&root).args(["czf", "bundle.tgz", "bundle"]))?;
+    let packed = std::fs::metadata(&archive).map_err(|e| e.to_string())?.len();
+    eprintln!("bundle.tgz: {:.1} MiB", packed as f64 / (1 << 20) as f64);
+    if packed > MAX_BYTES {
+        return Err(format!("bundle.tgz is {packed} bytes, over the 64 MiB limit"));
     }
-    println!("bundle ready: carry `bundle` and run `bash bundle/run.sh test` / `bash bundle/run.sh bench`");
+    if size <= MAX_BYTES {
+        println!("bundle ready: carry `bundle` (or `bundle.tgz`) and run `bash bundle/run.sh test` / `bash bundle/run.sh bench`");
+    } else {
+        println!("bundle ready: carry `bundle.tgz`, unpack it there (`tar xzf bundle.tgz`) and run `bash bundle/run.sh test` / `bash bundle/run.sh bench`");
+    }
     Ok(())
 }
 

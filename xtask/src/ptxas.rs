@@ -1,6 +1,9 @@
 //! The offline SASS compile and resource check: `ptxas -v` on each kernel's PTX for each
 //! architecture, the report of registers / shared memory / stack / spills per kernel, and a
-//! failure on any spill or stack use (local memory) unless the kernel is allowed below.
+//! failure on any spill or stack use (local memory) in the embedded SASS (unless the kernel
+//! is allowed below). The further architectures of `ArchInfo::ptxas_check` (sm_86, sm_89,
+//! sm_90 for the sm_80 PTX) run the embedded sm_80 SASS; their PTX JIT is only a fallback
+//! (a driver that refuses the cubin), so local memory there is reported as a warning.
 
 use crate::build_ptx::ptx_path;
 use crate::toolchain;
@@ -25,6 +28,8 @@ pub struct Usage {
     smem: u32,
     /// Dynamic shared memory the host launches it with (from the registry).
     dyn_smem: usize,
+    /// Whether this is the embedded SASS (else a JIT-fallback check).
+    embedded: bool,
 }
 
 /// Compiles `ptx` (one kernel, `k`, of the target whose tiles apply) for `arch`, writing the
@@ -65,6 +70,7 @@ pub fn compile(
             )
         })?;
     u.dyn_smem = dyn_smem;
+    u.embedded = out.is_some() || ARCHS.iter().any(|a| a.sass == arch);
     Ok(u)
 }
 
@@ -91,6 +97,7 @@ pub fn print_report(all: &[Usage]) -> Result<(), String> {
         "kernel", "arch", "regs", "stack", "spills", "smem", "dyn smem"
     );
     let mut bad = Vec::new();
+    let mut fallback_only = Vec::new();
     for u in all {
         println!(
             "{:<24} {:<7} {:>5} {:>6} {:>7} {:>6} {:>9}",
@@ -104,7 +111,11 @@ pub fn print_report(all: &[Usage]) -> Result<(), String> {
         );
         let local = u.stack + u.spill_stores + u.spill_loads > 0;
         if local && !LOCAL_MEMORY_ALLOWED.contains(&u.kernel.as_str()) {
-            bad.push(format!("{} on {}", u.kernel, u.arch));
+            if u.embedded {
+                bad.push(format!("{} on {}", u.kernel, u.arch));
+            } else {
+                fallback_only.push(format!("{} on {}", u.kernel, u.arch));
+            }
         }
     }
     println!(
@@ -113,8 +124,14 @@ pub fn print_report(all: &[Usage]) -> Result<(), String> {
         ARCHS.len(),
         all.len()
     );
+    if !fallback_only.is_empty() {
+        println!(
+            "warning: local memory on the PTX-JIT fallback only (the embedded SASS is clean): {}",
+            fallback_only.join(", ")
+        );
+    }
     if bad.is_empty() {
-        println!("ptxas check: no spills, no stack");
+        println!("ptxas check: no spills, no stack in the embedded SASS");
         Ok(())
     } else {
         Err(format!(

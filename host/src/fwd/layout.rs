@@ -11,19 +11,19 @@ use crate::launch::launch;
 use crate::tensor::DeviceTensor;
 
 /// The head dim the kernel sees: `d` rounded up to a multiple of 8 (16 bytes of f16/bf16).
-pub(super) fn padded_head_dim(d: usize) -> usize {
+pub(crate) fn padded_head_dim(d: usize) -> usize {
     d.div_ceil(8) * 8
 }
 
 /// The kernel's alignment rule: every row start 16-byte aligned and `d % 8 == 0` (the
 /// allocation itself is 256-byte aligned).
-pub(super) fn is_aligned<T: Element>(t: &DeviceTensor<T>) -> bool {
+pub(crate) fn is_aligned<T: Element>(t: &DeviceTensor<T>) -> bool {
     let s = t.strides();
     t.shape()[3] % 8 == 0 && t.offset() % 8 == 0 && s[..3].iter().all(|x| x % 8 == 0)
 }
 
 /// A padded contiguous copy of input `t` when it breaks the alignment rule, else `None`.
-pub(super) fn packed_input<T: Element>(
+pub(crate) fn packed_input<T: Element>(
     dev: &Device,
     t: &DeviceTensor<T>,
     padded_d: usize,
@@ -39,7 +39,7 @@ pub(super) fn packed_input<T: Element>(
 
 /// An uninitialised padded temporary for output `o` when it breaks the alignment rule (the
 /// kernel writes it; [`scatter_output`] copies it to `o`), else `None`.
-pub(super) fn packed_output<T: Element>(
+pub(crate) fn packed_output<T: Element>(
     dev: &Device,
     o: &DeviceTensor<T>,
     padded_d: usize,
@@ -55,7 +55,7 @@ pub(super) fn packed_output<T: Element>(
 }
 
 /// Copies the kernel's padded output to `o` (its first `d` columns).
-pub(super) fn scatter_output<T: Element>(
+pub(crate) fn scatter_output<T: Element>(
     dev: &Device,
     o: &DeviceTensor<T>,
     packed: &DeviceTensor<T>,
@@ -66,7 +66,7 @@ pub(super) fn scatter_output<T: Element>(
 }
 
 /// The address and strides the kernel should use for `t` (or its packed copy).
-pub(super) fn operand<T: Element>(
+pub(crate) fn operand<T: Element>(
     dev: &Device,
     t: &DeviceTensor<T>,
     packed: &Option<DeviceTensor<T>>,

@@ -3,8 +3,8 @@
 //! that break the kernel's alignment rule, and [`crate::launch`] launches.
 
 mod dispatch;
-mod layout;
-mod validate;
+pub(crate) mod layout;
+pub(crate) mod validate;
 
 use flash_attn_kernels::params::{FwdParams, MaskArgs, RowStatsRef, SeqDims, FLAG_CAUSAL};
 

@@ -13,7 +13,7 @@ use crate::tensor::DeviceTensor;
 const MAX_GRID_YZ: usize = 65_535;
 
 /// The GPU kernels take f16 and bf16 only.
-pub(super) fn check_dtype<T: Element>() -> Result<()> {
+pub(crate) fn check_dtype<T: Element>() -> Result<()> {
     match T::DTYPE {
         DType::F16 | DType::BF16 => Ok(()),
         DType::F32 => Err(FlashError::DType(
@@ -23,7 +23,7 @@ pub(super) fn check_dtype<T: Element>() -> Result<()> {
 }
 
 /// Shapes of Q, K and V, checked (rank, sizes, GQA, the GPU's head dim range, 32-bit limits).
-pub(super) fn input_shape<T: Element>(
+pub(crate) fn input_shape<T: Element>(
     q: &DeviceTensor<T>,
     k: &DeviceTensor<T>,
     v: &DeviceTensor<T>,
@@ -40,7 +40,7 @@ pub(super) fn input_shape<T: Element>(
 }
 
 /// Checks the shapes of O `[B, Nq, Hq, d]` and LSE `[B, Hq, Nq]` against the inputs'.
-pub(super) fn check_output_shapes<T: Element>(
+pub(crate) fn check_output_shapes<T: Element>(
     shape: &AttnShape,
     o: &DeviceTensor<T>,
     lse: &DeviceTensor<f32>,
@@ -51,7 +51,7 @@ pub(super) fn check_output_shapes<T: Element>(
 /// Checks where the tensors live and how they are laid out: every tensor on `dev`'s context,
 /// the head dim (and LSE's sequence dim) contiguous, heads and batch within the grid, and O
 /// not sharing a buffer with an input.
-pub(super) fn check_placement<T: Element>(
+pub(crate) fn check_placement<T: Element>(
     dev: &Device,
     shape: &AttnShape,
     [q, k, v]: [&DeviceTensor<T>; 3],

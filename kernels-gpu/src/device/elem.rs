@@ -16,6 +16,12 @@ pub trait Elem {
     /// # Safety
     /// Always safe to execute.
     unsafe fn pack(lo: f32, hi: f32) -> u32;
+
+    /// The f32 value of one element's bits (exact).
+    ///
+    /// # Safety
+    /// Always safe to execute.
+    unsafe fn to_f32(bits: u16) -> f32;
 }
 
 /// IEEE half precision.
@@ -32,6 +38,10 @@ impl Elem for F16 {
     unsafe fn pack(lo: f32, hi: f32) -> u32 {
         ptx::cvt_rn_f16x2_f32(lo, hi)
     }
+    #[inline(always)]
+    unsafe fn to_f32(bits: u16) -> f32 {
+        ptx::cvt_f32_f16(bits)
+    }
 }
 
 impl Elem for Bf16 {
@@ -42,5 +52,9 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn pack(lo: f32, hi: f32) -> u32 {
         ptx::cvt_rn_bf16x2_f32(lo, hi)
+    }
+    #[inline(always)]
+    unsafe fn to_f32(bits: u16) -> f32 {
+        f32::from_bits((bits as u32) << 16)
     }
 }

@@ -234,6 +234,12 @@ impl<const MT: usize, const NT: usize> AccTile<MT, NT> {
         ]
     }
 
+    /// The element at m-tile `mt`, row half `r`, n-tile `nt`, column half `c`.
+    #[inline(always)]
+    pub fn get(&self, mt: usize, r: usize, nt: usize, c: usize) -> f32 {
+        self.0[mt][nt][2 * r + c]
+    }
+
     /// The two values of row half `r`, n-tile `nt` of m-tile `mt` (adjacent columns), for a
     /// 4-byte store.
     #[inline(always)]

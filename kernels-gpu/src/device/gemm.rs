@@ -75,3 +75,74 @@ pub unsafe fn mma_pb<
         }
     }
 }
+
+/// An A operand read from a shared tile stored `[m][k]`: the warp's rows from `m0`.
+pub struct SmemRows<const ROWS: usize, const PITCH: usize> {
+    /// The tile.
+    pub tile: SmemTile<ROWS, PITCH>,
+    /// First row of the warp's m-tiles.
+    pub m0: usize,
+}
+
+impl<const MT: usize, const ROWS: usize, const PITCH: usize> AFragments<MT>
+    for SmemRows<ROWS, PITCH>
+{
+    #[inline(always)]
+    unsafe fn a(&self, lanes: &LaneOffsets, ks: usize) -> [[u32; 4]; MT] {
+        core::array::from_fn(|mt| self.tile.load_a(lanes, self.m0, mt, ks))
+    }
+}
+
+/// An A operand read from a shared tile stored transposed, `[k][m]`: the warp's columns
+/// from `m0` (see [`SmemTile::load_a_trans`]). Its pitch may differ from the B tile's, so it
+/// carries its own lane offsets.
+pub struct SmemCols<const ROWS: usize, const PITCH: usize> {
+    /// The tile.
+    pub tile: SmemTile<ROWS, PITCH>,
+    /// First column (A row) of the warp's m-tiles.
+    pub m0: usize,
+    /// This lane's `ldmatrix` offsets for tiles of `PITCH`.
+    pub lanes: LaneOffsets,
+}
+
+impl<const MT: usize, const ROWS: usize, const PITCH: usize> AFragments<MT>
+    for SmemCols<ROWS, PITCH>
+{
+    #[inline(always)]
+    unsafe fn a(&self, _: &LaneOffsets, ks: usize) -> [[u32; 4]; MT] {
+        core::array::from_fn(|mt| self.tile.load_a_trans(&self.lanes, self.m0, mt, ks))
+    }
+}
+
+/// `acc += A·B[:, 16·np0 ..]` over `K_STEPS` reduction steps of 16, where `a` gives the A
+/// fragments and `b` is stored `[k][n]` (K, for `dQ = dS·K`); `acc` covers `DT` 8-column
+/// tiles of B's columns starting at column pair `np0` (a slice of a wider product keeps
+/// fewer accumulators live).
+///
+/// # Safety
+/// As [`mma_abt`].
+#[inline(always)]
+pub unsafe fn mma_ab<
+    E: Elem,
+    const MT: usize,
+    const DT: usize,
+    const K_STEPS: usize,
+    const ROWS: usize,
+    const PITCH: usize,
+>(
+    acc: &mut AccTile<MT, DT>,
+    a: &impl AFragments<MT>,
+    b: SmemTile<ROWS, PITCH>,
+    lanes: &LaneOffsets,
+    np0: usize,
+) {
+    for ks in 0..K_STEPS {
+        let a = a.a(lanes, ks);
+        for dp in 0..DT / 2 {
+            let b = b.load_b_pair_kn(lanes, ks, np0 + dp);
+            for (mt, a) in a.iter().enumerate() {
+                acc.mma_pair::<E>(mt, dp, *a, b);
+            }
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! from them, with the block information ([`crate::block`]) and masks ([`crate::mask`]) that
 //! the host compiles too. The entry points are emitted by [`crate::registry`].
 
+pub(crate) mod bwd;
 pub(crate) mod elem;
 pub(crate) mod frag;
 pub(crate) mod fwd;

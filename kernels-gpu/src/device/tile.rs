@@ -133,6 +133,38 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
         ptx::ldmatrix_x4(self.base + lanes.a[ks % 4] + lanes.const_part::<PITCH>(row0, ks))
     }
 
+    /// The `mma` A fragment of m-tile `mt` (16 rows of A from `m0 + 16·mt`) and reduction step
+    /// `ks` for a tile stored transposed, as `[k][m]` (rows are A's columns, as dSᵀ is for
+    /// `dQ = dS·K`): the transposing `ldmatrix` of rows `[16·ks, +16)`, columns
+    /// `[m0 + 16·mt, +16)`.
+    ///
+    /// # Safety
+    /// As [`SmemTile::load_a`].
+    #[inline(always)]
+    pub unsafe fn load_a_trans(
+        self,
+        lanes: &LaneOffsets,
+        m0: usize,
+        mt: usize,
+        ks: usize,
+    ) -> [u32; 4] {
+        let (k0, mp) = (FRAG * ks, m0 / FRAG + mt);
+        ptx::ldmatrix_x4_trans(
+            self.base + lanes.b_at::<PITCH>(mp) + lanes.const_part::<PITCH>(k0, mp),
+        )
+    }
+
+    /// Stores two adjacent 16-bit elements (`bits`, low half first) at row `row`, columns
+    /// `col` and `col + 1` (`col` even).
+    ///
+    /// # Safety
+    /// Inside the tile; the caller orders it against readers with a barrier.
+    #[inline(always)]
+    pub unsafe fn store_pair(self, row: u32, col: u32, bits: u32) {
+        let (row, col) = (row as usize, col as usize);
+        ptx::st_shared_u32(self.chunk_addr(row, col / 8) + (2 * (col % 8)) as u32, bits);
+    }
+
     /// `mma` B fragments of two adjacent 8-column tiles for a tile stored as `[n][k]` (rows are
     /// the B columns, as K is for `S = Q·Kᵀ`): B columns `[16·np, +16)`, k `[16·ks, +16)`.
     ///
@@ -170,6 +202,9 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
 pub struct LaneOffsets {
     a: [u32; 4],
     b: [u32; 4],
+    /// Pattern `b`'s row and chunk parity (for [`LaneOffsets::b_at`]).
+    b_row: u32,
+    b_parity: u32,
 }
 
 impl LaneOffsets {
@@ -184,6 +219,8 @@ impl LaneOffsets {
         Self {
             a: part((mat & 1) * 8 + lane % 8, mat >> 1),
             b: part((mat >> 1) * 8 + lane % 8, mat & 1),
+            b_row: ((mat >> 1) * 8 + lane % 8) as u32,
+            b_parity: (mat & 1) as u32,
         }
     }
 
@@ -193,7 +230,18 @@ impl LaneOffsets {
         Self {
             a: self.a.map(|x| ptx::opaque_u32(x)),
             b: self.b.map(|x| ptx::opaque_u32(x)),
+            b_row: self.b_row,
+            b_parity: self.b_parity,
         }
+    }
+
+    /// Pattern `b`'s offset for chunk pair `c2` when `c2` is only known at run time: computed
+    /// from the lane's row and parity (indexing `b` with a run-time value would put the array
+    /// in local memory).
+    #[inline(always)]
+    fn b_at<const PITCH: usize>(&self, c2: usize) -> u32 {
+        let (row, parity) = (self.b_row as usize, self.b_parity as usize);
+        split_offset(PITCH, row, parity, 0, c2).0 as u32
     }
 
     #[inline(always)]

@@ -74,3 +74,14 @@ pub unsafe fn fma_rn_f32(a: f32, b: f32, c: f32) -> f32 {
     asm!("fma.rn.f32 {d}, {a}, {b}, {c};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, c = in(reg32) c, options(pure, nomem, nostack));
     d
 }
+
+/// Converts the f16 in the low 16 bits of `h` to f32 (exact).
+///
+/// # Safety
+/// As [`ex2_approx_ftz`].
+#[inline(always)]
+pub unsafe fn cvt_f32_f16(h: u16) -> f32 {
+    let y: f32;
+    asm!("cvt.f32.f16 {y}, {h};", y = out(reg32) y, h = in(reg16) h, options(pure, nomem, nostack));
+    y
+}

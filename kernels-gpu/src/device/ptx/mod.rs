@@ -2,6 +2,7 @@
 //! `#[inline(always)] unsafe fn` named after its mnemonic. A tidy test in the host crate fails
 //! if `asm!` appears anywhere else.
 
+mod atomic;
 mod cp_async;
 mod ldmatrix;
 mod math;
@@ -10,6 +11,7 @@ mod shared;
 mod smem;
 mod sync;
 
+pub use atomic::*;
 pub use cp_async::*;
 pub use ldmatrix::*;
 pub use math::*;

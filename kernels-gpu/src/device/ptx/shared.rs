@@ -31,3 +31,32 @@ pub unsafe fn st_shared_v4(addr: u32, v: [u32; 4]) {
         options(nostack)
     );
 }
+
+/// Stores 4 bytes to shared address `addr`.
+///
+/// # Safety
+/// `addr` is 4-byte aligned and inside the block's shared memory.
+#[inline(always)]
+pub unsafe fn st_shared_u32(addr: u32, v: u32) {
+    asm!("st.shared.u32 [{addr}], {v};", addr = in(reg32) addr, v = in(reg32) v, options(nostack));
+}
+
+/// Stores an f32 to shared address `addr`.
+///
+/// # Safety
+/// As [`st_shared_u32`].
+#[inline(always)]
+pub unsafe fn st_shared_f32(addr: u32, v: f32) {
+    asm!("st.shared.f32 [{addr}], {v};", addr = in(reg32) addr, v = in(reg32) v, options(nostack));
+}
+
+/// Loads an f32 from shared address `addr`.
+///
+/// # Safety
+/// As [`st_shared_u32`].
+#[inline(always)]
+pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
+    let v: f32;
+    asm!("ld.shared.f32 {v}, [{addr}];", v = out(reg32) v, addr = in(reg32) addr, options(nostack, readonly));
+    v
+}

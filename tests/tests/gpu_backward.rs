@@ -1,0 +1,246 @@
+//! The backward kernels on the GPU against the float64 reference gradients, with the
+//! gradient accuracy rule of `flash_attn_tests::check_gradient_accuracy`. The forward runs on
+//! the GPU too (the backward takes its O and LSE); the gradients are poisoned with NaN before
+//! every launch.
+//!
+//! Without a CUDA device every test prints a loud SKIPPED line and passes, unless
+//! `FLASH_ATTN_REQUIRE_GPU=1`.
+
+use flash_attn::cpu::{
+    attention_backward_naive, attention_backward_reference, attention_backward_reference_given,
+};
+use flash_attn::shape::AttnShape;
+use flash_attn::{
+    flash_attn, flash_attn_backward_into, AttnParams, Device, DeviceTensor, Element, FlashError,
+};
+use flash_attn_tests::gpu::{device as gpu_device, download3, download4, upload, Layout};
+use flash_attn_tests::{
+    check_gradient_accuracy, random_array, random_qkv, to_f64, Magnitude, GPU_GRADIENT_FACTOR,
+};
+use half::{bf16, f16};
+use proptest::prelude::*;
+use rand::SeedableRng;
+
+/// The shared device, or `None` after a loud SKIPPED line.
+fn device() -> Option<&'static Device> {
+    gpu_device("gpu_backward")
+}
+
+/// Random cases per property test: `FLASH_ATTN_GPU_CASES`, 64 when unset.
+fn gpu_cases() -> u32 {
+    std::env::var("FLASH_ATTN_GPU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}
+
+/// One case: fresh inputs, the GPU forward, NaN-poisoned gradients, the GPU backward, and the
+/// gradient rule against the float64 reference.
+fn run_case<T: Element>(
+    dev: &Device,
+    seed: u64,
+    shape: AttnShape,
+    params: AttnParams,
+    magnitude: Magnitude,
+    layout: Layout,
+) -> Result<(), String> {
+    let err = |e: FlashError| e.to_string();
+    let scale = params.scale(shape.head_dim).map_err(err)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
+    let d_o = random_array::<T>(&mut rng, shape.q_dims(), 1.0);
+    let up = |a: &ndarray::Array4<T>| upload(dev, a.view(), layout);
+    let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
+    let (o, lse) = flash_attn(dev, &qd, &kd, &vd, &params).map_err(err)?;
+    let mut dq = DeviceTensor::<T>::zeros(dev, &shape.q_dims()).map_err(err)?;
+    let mut dk = DeviceTensor::<T>::zeros(dev, &shape.kv_dims()).map_err(err)?;
+    let mut dv = DeviceTensor::<T>::zeros(dev, &shape.kv_dims()).map_err(err)?;
+    for t in [&mut dq, &mut dk, &mut dv] {
+        t.fill_nan(dev).map_err(err)?;
+    }
+    flash_attn_backward_into(
+        dev, &qd, &kd, &vd, &o, &dod, &lse, &params, &mut dq, &mut dk, &mut dv,
+    )
+    .map_err(err)?;
+    let ours = [
+        download4(dev, &dq),
+        download4(dev, &dk),
+        download4(dev, &dv),
+    ];
+    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
+    let f64s = |a: &ndarray::Array4<T>| to_f64(a.view());
+    let reference = attention_backward_reference(
+        f64s(&q).view(),
+        f64s(&k).view(),
+        f64s(&v).view(),
+        f64s(&d_o).view(),
+        &params,
+    )
+    .map_err(err)?;
+    let given = attention_backward_reference_given(
+        f64s(&q).view(),
+        f64s(&k).view(),
+        f64s(&v).view(),
+        f64s(&o).view(),
+        f64s(&d_o).view(),
+        lse.mapv(f64::from).view(),
+        &params,
+    )
+    .map_err(err)?;
+    let naive =
+        attention_backward_naive(q.view(), k.view(), v.view(), d_o.view(), &params).map_err(err)?;
+    check_gradient_accuracy(
+        GPU_GRADIENT_FACTOR,
+        [ours[0].view(), ours[1].view(), ours[2].view()],
+        [naive.0.view(), naive.1.view(), naive.2.view()],
+        [given.0.view(), given.1.view(), given.2.view()],
+        [reference.0.view(), reference.1.view(), reference.2.view()],
+    )
+    .map_err(|e| format!("{shape:?} {params:?} {magnitude:?} {layout:?}: {e}"))
+}
+
+/// Sizes and options: odd lengths, GQA/MQA, every head dim the GPU backward takes (odd ones
+/// run padded), causal, scales, layouts.
+fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams, Magnitude, Layout)> {
+    let lens = prop::sample::select(&[1usize, 7, 16, 31, 63, 64, 65, 127, 128, 129, 200][..]);
+    let heads = prop::sample::select(&[(1usize, 1usize), (2, 1), (4, 2), (3, 3), (8, 1)][..]);
+    let dims = prop::sample::select(&[8usize, 16, 24, 32, 40, 64, 72, 80, 96, 100, 128][..]);
+    let scales = prop::sample::select(&[None, Some(0.3f32), Some(-0.25), Some(0.0)][..]);
+    let layouts = prop::sample::select(
+        &[
+            Layout::Contiguous,
+            Layout::HeadMajor,
+            Layout::Padded { extra: 3 },
+        ][..],
+    );
+    let mags = prop::sample::select(&[Magnitude::Normal, Magnitude::Large][..]);
+    (
+        any::<u64>(),
+        1..3usize,
+        lens.clone(),
+        lens,
+        heads,
+        dims,
+        any::<bool>(),
+        scales,
+        mags,
+        layouts,
+    )
+        .prop_map(
+            |(
+                seed,
+                batch,
+                seqlen_q,
+                seqlen_k,
+                (heads_q, heads_kv),
+                head_dim,
+                causal,
+                softmax_scale,
+                mag,
+                layout,
+            )| {
+                let shape = AttnShape {
+                    batch,
+                    seqlen_q,
+                    seqlen_k,
+                    heads_q,
+                    heads_kv,
+                    head_dim,
+                };
+                (
+                    seed,
+                    shape,
+                    AttnParams {
+                        causal,
+                        softmax_scale,
+                    },
+                    mag,
+                    layout,
+                )
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: gpu_cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn backward_f16_matches_reference((seed, shape, params, mag, layout) in case_strategy()) {
+        if let Some(dev) = device() {
+            prop_assert_eq!(run_case::<f16>(dev, seed, shape, params, mag, layout), Ok(()));
+        }
+    }
+
+    #[test]
+    fn backward_bf16_matches_reference((seed, shape, params, mag, layout) in case_strategy()) {
+        if let Some(dev) = device() {
+            prop_assert_eq!(run_case::<bf16>(dev, seed, shape, params, mag, layout), Ok(()));
+        }
+    }
+}
+
+/// Every backward kernel of the registry, causal and not, at sizes spanning several tiles,
+/// with GQA; rows that see no key (causal, Nq > Nk) must get zero dQ.
+#[test]
+fn every_backward_kernel() {
+    let Some(dev) = device() else { return };
+    for d in flash_attn_kernels::registry::BWD_KERNELS
+        .iter()
+        .map(|k| k.head_dim)
+    {
+        for causal in [false, true] {
+            let shape = AttnShape {
+                batch: 2,
+                seqlen_q: 300,
+                seqlen_k: 213,
+                heads_q: 4,
+                heads_kv: 2,
+                head_dim: d,
+            };
+            let params = AttnParams {
+                causal,
+                softmax_scale: None,
+            };
+            run_case::<f16>(
+                dev,
+                d as u64,
+                shape,
+                params,
+                Magnitude::Normal,
+                Layout::Contiguous,
+            )
+            .unwrap();
+            run_case::<bf16>(
+                dev,
+                d as u64 + 1,
+                shape,
+                params,
+                Magnitude::Large,
+                Layout::Contiguous,
+            )
+            .unwrap();
+        }
+    }
+}
+
+/// Head dims the GPU backward has no kernel for are a typed error before any launch.
+#[test]
+fn head_dims_above_128_are_typed_errors() {
+    let Some(dev) = device() else { return };
+    let shape = AttnShape {
+        batch: 1,
+        seqlen_q: 8,
+        seqlen_k: 8,
+        heads_q: 1,
+        heads_kv: 1,
+        head_dim: 160,
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let (q, k, v) = random_qkv::<f16>(&mut rng, &shape, Magnitude::Normal, 0.1);
+    let up = |a: &ndarray::Array4<f16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
+    let params = AttnParams::default();
+    let (o, lse) = flash_attn(dev, &up(&q), &up(&k), &up(&v), &params).unwrap();
+    let r =
+        flash_attn::flash_attn_backward(dev, &up(&q), &up(&k), &up(&v), &o, &up(&q), &lse, &params);
+    assert!(matches!(r, Err(FlashError::HeadDim(160))), "{:?}", r.err());
+}
