@@ -818,7 +818,7 @@ fn rows() -> Vec<Row> {
             "--backward --deterministic writes the gradients",
             |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::F16)),
             &["bwd.safetensors", "--backward", "--deterministic"],
-            Succeeds("backward: CPU backend (no GPU backward kernel yet)"),
+            Succeeds("backward: CPU backend (--deterministic)"),
         ),
         // --- documented results ---
         row(

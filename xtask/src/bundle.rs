@@ -87,11 +87,19 @@ pub fn run() -> Result<(), String> {
     // Every test binary embeds the kernels (PTX compresses about 10×): the compressed
     // archive is what travels when the directory is over the limit.
     let archive = root.join("bundle.tgz");
-    cmd::run(Command::new("tar").current_dir(&root).args(["czf", "bundle.tgz", "bundle"]))?;
-    let packed = std::fs::metadata(&archive).map_err(|e| e.to_string())?.len();
+    cmd::run(
+        Command::new("tar")
+            .current_dir(&root)
+            .args(["czf", "bundle.tgz", "bundle"]),
+    )?;
+    let packed = std::fs::metadata(&archive)
+        .map_err(|e| e.to_string())?
+        .len();
     eprintln!("bundle.tgz: {:.1} MiB", packed as f64 / (1 << 20) as f64);
     if packed > MAX_BYTES {
-        return Err(format!("bundle.tgz is {packed} bytes, over the 64 MiB limit"));
+        return Err(format!(
+            "bundle.tgz is {packed} bytes, over the 64 MiB limit"
+        ));
     }
     if size <= MAX_BYTES {
         println!("bundle ready: carry `bundle` (or `bundle.tgz`) and run `bash bundle/run.sh test` / `bash bundle/run.sh bench`");

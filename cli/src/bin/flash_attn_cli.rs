@@ -16,6 +16,7 @@ use flash_attn::{cpu, AttnParams, DType, Device, DeviceTensor, Element, FlashErr
 use flash_attn_cli::input::{read_npy, read_safetensors, FileElement, RawTensor};
 use flash_attn_cli::output::{check_aliases, PendingOutput};
 use flash_attn_cli::CliError;
+use flash_attn_kernels::registry::{self, MaskKind};
 use half::{bf16, f16};
 use ndarray::{Array3, Array4};
 use safetensors::{tensor::TensorView, Dtype};
@@ -41,10 +42,11 @@ BACKWARD (--backward):
     Also reads dO (`do`, or --do NAME) [B, Nq, Hq, d], Q's shape and dtype, from the
     safetensors input (.npy input and --npy-out are not supported with --backward), and
     writes `o`, `lse`, `dq` [B, Nq, Hq, d] and `dk`, `dv` [B, Nk, Hkv, d] (input dtype; dK and
-    dV of a shared KV head sum over its query heads) to -o. Both passes run on the CPU backend
-    (there is no GPU backward kernel yet), whatever GPU is present. --deterministic is
-    accepted: the CPU backward is always deterministic (one job per KV head, no atomics); it
-    will select the deterministic mode of the GPU backward once that exists.
+    dV of a shared KV head sum over its query heads) to -o. Both passes run on GPU 0 like the
+    forward (f16/bf16, head dims up to 128 for the GPU backward), else on the CPU backend.
+    The GPU backward adds dQ with f32 atomics, so its low bits can vary run to run;
+    --deterministic runs both passes on the CPU backend, which is deterministic (one job per
+    KV head, no atomics), until the GPU's deterministic mode exists.
 
 The forward pass runs on GPU 0 when a CUDA driver and an sm_80+ GPU are present, on the CPU
 backend otherwise; f32 inputs always run on the CPU (the GPU kernels take f16 and bf16). The
@@ -402,6 +404,55 @@ fn run_typed<T: FileElement>(
     Ok(())
 }
 
+/// Forward and backward outputs: O, LSE, dQ, dK, dV.
+type FwdBwd<T> = (Array4<T>, Array3<f32>, Array4<T>, Array4<T>, Array4<T>);
+
+/// The forward and backward passes on the CPU backend.
+fn cpu_forward_backward<T: Element>(
+    [q, k, v, d_o]: [&Array4<T>; 4],
+    params: &AttnParams,
+) -> flash_attn::Result<FwdBwd<T>> {
+    let (o, lse) = cpu::attention_cpu(q.view(), k.view(), v.view(), params)?;
+    let (dq, dk, dv) = cpu::attention_backward_cpu(
+        q.view(),
+        k.view(),
+        v.view(),
+        o.view(),
+        d_o.view(),
+        lse.view(),
+        params,
+    )?;
+    Ok((o, lse, dq, dk, dv))
+}
+
+/// The forward and backward passes on the GPU: upload, run, download.
+fn gpu_forward_backward<T: Element>(
+    dev: &Device,
+    [q, k, v, d_o]: [&Array4<T>; 4],
+    params: &AttnParams,
+) -> flash_attn::Result<FwdBwd<T>> {
+    let upload = |a: &Array4<T>| DeviceTensor::from_ndarray(dev, a.view());
+    let (qd, kd, vd, dod) = (upload(q)?, upload(k)?, upload(v)?, upload(d_o)?);
+    let (o, lse) = flash_attn::flash_attn(dev, &qd, &kd, &vd, params)?;
+    let (dq, dk, dv) = flash_attn::flash_attn_backward(dev, &qd, &kd, &vd, &o, &dod, &lse, params)?;
+    let down4 = |t: &DeviceTensor<T>, name: &str| -> flash_attn::Result<Array4<T>> {
+        t.to_ndarray(dev)?
+            .into_dimensionality()
+            .map_err(|e| FlashError::Shape(format!("{name}: {e}")))
+    };
+    let lse = lse
+        .to_ndarray(dev)?
+        .into_dimensionality()
+        .map_err(|e| FlashError::Shape(format!("LSE: {e}")))?;
+    Ok((
+        down4(&o, "O")?,
+        lse,
+        down4(&dq, "dQ")?,
+        down4(&dk, "dK")?,
+        down4(&dv, "dV")?,
+    ))
+}
+
 /// The forward pass on the GPU: upload, run, download.
 fn gpu_forward<T: Element>(
     dev: &Device,
@@ -450,8 +501,9 @@ fn safetensors_bytes(
     safetensors::serialize(views, Some(metadata))
 }
 
-/// `--backward`: the forward and backward passes on the CPU backend, and one safetensors
-/// output holding `o`, `lse`, `dq`, `dk` and `dv`.
+/// `--backward`: the forward and backward passes (on the GPU when one is usable for these
+/// inputs, else on the CPU backend), and one safetensors output holding `o`, `lse`, `dq`,
+/// `dk` and `dv`.
 fn run_backward<T: FileElement>(
     args: &Args,
     params: &AttnParams,
@@ -467,21 +519,24 @@ fn run_backward<T: FileElement>(
         .check_backward_inputs(&shape.q_dims(), &dims(&d_o), &shape.lse_dims())
         .map_err(|e| CliError::Attention(format!("{e} (tensor `{}`)", raw[3].name)))?;
     let scale = params.scale(shape.head_dim).map_err(attention)?;
-    eprintln!("flash-attn-cli: backward: CPU backend (no GPU backward kernel yet)");
-    if args.deterministic {
-        eprintln!("flash-attn-cli: --deterministic: the CPU backward is always deterministic");
-    }
+    let gpu_backward = registry::bwd_kernel(shape.head_dim, MaskKind::Causal).is_some();
+    let backend = if args.deterministic {
+        eprintln!("flash-attn-cli: backward: CPU backend (--deterministic)");
+        Backend::Cpu
+    } else if !gpu_backward {
+        eprintln!(
+            "flash-attn-cli: backward: CPU backend (no GPU backward kernel for head dim {})",
+            shape.head_dim
+        );
+        Backend::Cpu
+    } else {
+        pick_backend(T::DTYPE, args.cpu)
+    };
     let start = Instant::now();
-    let (o, lse) = cpu::attention_cpu(q.view(), k.view(), v.view(), params).map_err(attention)?;
-    let (dq, dk, dv) = cpu::attention_backward_cpu(
-        q.view(),
-        k.view(),
-        v.view(),
-        o.view(),
-        d_o.view(),
-        lse.view(),
-        params,
-    )
+    let (o, lse, dq, dk, dv) = match &backend {
+        Backend::Gpu(dev) => gpu_forward_backward(dev, [&q, &k, &v, &d_o], params),
+        Backend::Cpu => cpu_forward_backward([&q, &k, &v, &d_o], params),
+    }
     .map_err(attention)?;
     eprintln!(
         "flash-attn-cli: forward + backward: Q {:?} K {:?} {:?}{} in {:.1} ms",
@@ -491,11 +546,16 @@ fn run_backward<T: FileElement>(
         if params.causal { " causal" } else { "" },
         start.elapsed().as_secs_f64() * 1e3
     );
+    let deterministic = matches!(backend, Backend::Cpu);
+    let backend_name = match &backend {
+        Backend::Gpu(dev) => format!("cuda:0 {}", dev.ptx_arch()),
+        Backend::Cpu => "cpu".to_string(),
+    };
     let metadata = HashMap::from([
-        ("backend".to_string(), "cpu".to_string()),
+        ("backend".to_string(), backend_name),
         ("causal".to_string(), params.causal.to_string()),
         ("softmax_scale".to_string(), scale.to_string()),
-        ("deterministic".to_string(), "true".to_string()),
+        ("deterministic".to_string(), deterministic.to_string()),
     ]);
     let tensors = [
         named("o", T::ST_DTYPE, &o),
