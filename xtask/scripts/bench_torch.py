@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""PyTorch SDPA next to flash-attn's forward benchmark, on the same device in the same run.
+"""PyTorch SDPA next to flash-attn's benchmark, on the same device in the same run.
 
 Reads the rows written by `flash-attn-bench --out ours.json`, times
 torch.nn.functional.scaled_dot_product_attention on the same shapes with the flash, cuDNN and
 memory-efficient backends (CUDA events, median of repetitions after warm-up, inputs laid out as
 [B, N, H, d] like ours and viewed as [B, H, N, d]), and writes the merged rows plus a table.
+
+By the row's `op` (absent: fwd): `fwd` times the forward call; `bwd` times
+`out.backward(grad, retain_graph=True)` alone (the forward runs once, outside the timing, and
+the input gradients are reset to None before each call so no accumulation is timed);
+`fwd_bwd` times forward + backward per iteration. FLOPs: 4·B·H·N²·d for the forward, 2.5×
+that for bwd, 3.5× for fwd_bwd, halved for causal (FlashAttention's convention, as ours).
 
 Usage: bench_torch.py ours.json merged.json [--reps N]
 """
@@ -40,11 +46,48 @@ def time_ms(fn, reps):
     return statistics.median(times)
 
 
+FLOP_FACTOR = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
+
+
 def tflops(row, ms):
     flops = 4.0 * row["b"] * row["h"] * row["n"] * row["n"] * row["d"]
+    flops *= FLOP_FACTOR[row.get("op", "fwd")]
     if row["causal"]:
         flops /= 2
     return flops / (ms * 1e-3) / 1e12
+
+
+def clear_grads(*ts):
+    for t in ts:
+        t.grad = None
+
+
+def time_op(op, q, k, v, grad, causal, reps):
+    """Median ms of one op (see the module docstring) with the backend selected by the caller."""
+    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    if op == "fwd":
+        return time_ms(sdpa, reps)
+    if op == "bwd":
+        out = sdpa()
+
+        def step():
+            clear_grads(q, k, v)
+            out.backward(grad, retain_graph=True)
+
+        try:
+            return time_ms(step, reps)
+        finally:
+            clear_grads(q, k, v)
+            del out
+
+    def step():
+        clear_grads(q, k, v)
+        sdpa().backward(grad)
+
+    try:
+        return time_ms(step, reps)
+    finally:
+        clear_grads(q, k, v)
 
 
 def main():
@@ -69,10 +112,22 @@ def main():
             .transpose(1, 2)
             for _ in range(3)
         )
+        op = row.get("op", "fwd")
+        if op not in FLOP_FACTOR:
+            raise SystemExit(f"bench_torch.py: unknown op {op!r} in {src}")
+        for t in (q, k, v):
+            t.requires_grad_(op != "fwd")
+        grad = (
+            (torch.rand((b, n, h, d), device="cuda", generator=gen, dtype=torch.float32) * 2 - 1)
+            .to(dt)
+            .transpose(1, 2)
+            if op != "fwd"
+            else None
+        )
         for name, backend in BACKENDS.items():
             try:
                 with sdpa_kernel([backend]):
-                    ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"]), reps)
+                    ms = time_op(op, q, k, v, grad, row["causal"], reps)
                 row[f"torch_{name}_ms"] = ms
                 row[f"torch_{name}_tflops"] = tflops(row, ms)
             except Exception as e:  # a backend may not support a shape/dtype on this device
@@ -84,15 +139,16 @@ def main():
         row["torch_version"] = torch.__version__
         if driver and not row.get("driver"):
             row["driver"] = driver
-        del q, k, v
+        del q, k, v, grad
+        torch.cuda.empty_cache()
     json.dump(rows, open(dst, "w"), indent=1)
-    hdr = f"{'dtype':<5} {'d':>4} {'n':>6} {'causal':<6} {'ours':>7} {'flash':>7} {'cudnn':>7} {'effic':>7} {'ours/flash':>10}"
+    hdr = f"{'op':<7} {'dtype':<5} {'d':>4} {'n':>6} {'causal':<6} {'ours':>7} {'flash':>7} {'cudnn':>7} {'effic':>7} {'ours/flash':>10}"
     print(hdr)
     fmt = lambda x: f"{x:7.1f}" if x is not None else "    n/a"
     for r in rows:
         ratio = f"{r['ratio_vs_flash']:10.2f}" if r["ratio_vs_flash"] else "       n/a"
         print(
-            f"{r['dtype']:<5} {r['d']:>4} {r['n']:>6} {str(r['causal']):<6} {fmt(r['ours_tflops'])}"
+            f"{r.get('op', 'fwd'):<7} {r['dtype']:<5} {r['d']:>4} {r['n']:>6} {str(r['causal']):<6} {fmt(r['ours_tflops'])}"
             f" {fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])} {ratio}"
         )
 

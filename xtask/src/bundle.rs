@@ -77,6 +77,19 @@ pub fn run() -> Result<(), String> {
             &out.join("bin").join(bin),
         )?;
     }
+    // The training example (forward + backward on the GPU, falling loss).
+    cmd::run(Command::new(&cargo).current_dir(&root).envs(strip).args([
+        "build",
+        "--release",
+        "-p",
+        "flash-attn",
+        "--example",
+        "train",
+    ]))?;
+    copy(
+        &root.join("target/release/examples/train"),
+        &out.join("bin/train"),
+    )?;
     copy(
         &root.join("xtask/scripts/bench_torch.py"),
         &out.join("scripts/bench_torch.py"),

@@ -1,21 +1,70 @@
-//! Forward-pass benchmark: FlashAttention's configuration (B·N = 16K tokens, total width
-//! 2048, d ∈ {64, 128}, N from 512 to 16K, causal or not, f16 and bf16). Prints a table and
-//! writes JSON rows; `xtask/scripts/bench_torch.py` adds PyTorch SDPA's numbers measured in the
-//! same run on the same device.
+//! Attention benchmark: FlashAttention's configuration (B·N = 16K tokens, total width 2048,
+//! d ∈ {64, 128}, N from 512 to 16K, causal or not, f16 and bf16), for the forward pass
+//! (`fwd`), the backward pass alone (`bwd`) and forward + backward (`fwd_bwd`). Prints a table
+//! and writes JSON rows; `xtask/scripts/bench_torch.py` adds PyTorch SDPA's numbers measured in
+//! the same run on the same device.
 //!
-//! Usage: `flash-attn-bench [--out rows.json] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
-//! [--causal true|false]` (the last four restrict the sweep, e.g. for a profiler). Exit status:
-//! 0 on success, 1 on an error, 2 when there is no GPU.
+//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all] [--quick] [--reps N]
+//! [--d D] [--n N] [--dtype f16|bf16] [--causal true|false]` (the last four restrict the sweep,
+//! e.g. for a profiler). Exit status: 0 on success, 1 on an error, 2 when there is no GPU.
+//!
+//! FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·N²·d, backward 2.5× that,
+//! forward + backward 3.5× that, each halved for causal.
 
 use clap::{ArgAction, Parser};
 use flash_attn::timing::{median, time_ms};
-use flash_attn::{flash_attn_into, AttnParams, Device, DeviceTensor, Element, Result};
+use flash_attn::{
+    flash_attn_backward_into, flash_attn_into, AttnParams, Device, DeviceTensor, Element, Result,
+};
 use half::{bf16, f16};
 
 const TOKENS: usize = 16 * 1024;
 const WIDTH: usize = 2048;
 
+/// What one row times.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// `flash_attn_into` alone.
+    Fwd,
+    /// `flash_attn_backward_into` alone (O and LSE from one forward call beforehand).
+    Bwd,
+    /// Forward then backward, per timed iteration.
+    FwdBwd,
+}
+
+impl Op {
+    /// The `op` key of the JSON rows.
+    fn name(self) -> &'static str {
+        match self {
+            Op::Fwd => "fwd",
+            Op::Bwd => "bwd",
+            Op::FwdBwd => "fwd_bwd",
+        }
+    }
+
+    /// FLOPs relative to the forward's (FlashAttention's convention: the backward does 5
+    /// matrix products to the forward's 2).
+    fn flop_factor(self) -> f64 {
+        match self {
+            Op::Fwd => 1.0,
+            Op::Bwd => 2.5,
+            Op::FwdBwd => 3.5,
+        }
+    }
+
+    /// The ops selected by `--op`.
+    fn parse_list(arg: &str) -> Vec<Op> {
+        match arg {
+            "bwd" => vec![Op::Bwd],
+            "fwd_bwd" => vec![Op::FwdBwd],
+            "all" => vec![Op::Fwd, Op::Bwd, Op::FwdBwd],
+            _ => vec![Op::Fwd],
+        }
+    }
+}
+
 struct Row {
+    op: Op,
     dtype: &'static str,
     d: usize,
     b: usize,
@@ -27,7 +76,8 @@ struct Row {
 
 impl Row {
     fn tflops(&self) -> f64 {
-        let flops = 4.0 * (self.b * self.h * self.n * self.n * self.d) as f64;
+        let flops =
+            4.0 * (self.b * self.h * self.n * self.n * self.d) as f64 * self.op.flop_factor();
         let flops = if self.causal { flops / 2.0 } else { flops };
         flops / (self.ms as f64 * 1e-3) / 1e12
     }
@@ -49,9 +99,11 @@ struct Filter {
     causal: Option<bool>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn bench_dtype<T: Element>(
     dev: &Device,
     name: &'static str,
+    ops: &[Op],
     filter: &Filter,
     ns: &[usize],
     reps: usize,
@@ -71,6 +123,19 @@ fn bench_dtype<T: Element>(
         let v = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 3))?;
         let o = DeviceTensor::<T>::from_host(dev, &[total], &vec![T::default(); total])?;
         let (mut q, mut k, mut v, mut o) = (q, k, v, o);
+        // Backward buffers, only when a backward op is asked for (64 MiB each at 16K × 2048).
+        let backward = ops.iter().any(|&op| op != Op::Fwd);
+        let mut grads = if backward {
+            let zeros = vec![T::default(); total];
+            Some([
+                DeviceTensor::from_host(dev, &[total], &random::<T>(total, 4))?,
+                DeviceTensor::from_host(dev, &[total], &zeros)?,
+                DeviceTensor::from_host(dev, &[total], &zeros)?,
+                DeviceTensor::from_host(dev, &[total], &zeros)?,
+            ])
+        } else {
+            None
+        };
         for &n in ns {
             if filter.n.is_some_and(|f| f != n) {
                 continue;
@@ -82,6 +147,14 @@ fn bench_dtype<T: Element>(
             k = k.with_layout(&shape, &strides, 0)?;
             v = v.with_layout(&shape, &strides, 0)?;
             o = o.with_layout(&shape, &strides, 0)?;
+            if let Some([d_o, dq, dk, dv]) = grads.take() {
+                grads = Some([
+                    d_o.with_layout(&shape, &strides, 0)?,
+                    dq.with_layout(&shape, &strides, 0)?,
+                    dk.with_layout(&shape, &strides, 0)?,
+                    dv.with_layout(&shape, &strides, 0)?,
+                ]);
+            }
             let mut lse = DeviceTensor::<f32>::from_host(dev, &[b, h, n], &vec![0.0; b * h * n])?;
             for causal in [false, true] {
                 if filter.causal.is_some_and(|f| f != causal) {
@@ -91,44 +164,71 @@ fn bench_dtype<T: Element>(
                     causal,
                     softmax_scale: None,
                 };
-                let times = time_ms(dev, 3, reps, || {
-                    flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
-                })?;
-                let row = Row {
-                    dtype: name,
-                    d,
-                    b,
-                    h,
-                    n,
-                    causal,
-                    ms: median(&times),
-                };
-                eprintln!(
-                    "{:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s",
-                    name,
-                    d,
-                    b,
-                    h,
-                    n,
-                    causal,
-                    row.ms,
-                    row.tflops()
-                );
-                rows.push(row);
+                for &op in ops {
+                    let times = match (op, grads.as_mut()) {
+                        (Op::Fwd, _) => time_ms(dev, 3, reps, || {
+                            flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
+                        })?,
+                        (Op::Bwd, Some([d_o, dq, dk, dv])) => {
+                            // O and LSE of this masking, once, outside the timing.
+                            flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)?;
+                            time_ms(dev, 3, reps, || {
+                                flash_attn_backward_into(
+                                    dev, &q, &k, &v, &o, d_o, &lse, &params, dq, dk, dv,
+                                )
+                            })?
+                        }
+                        (Op::FwdBwd, Some([d_o, dq, dk, dv])) => time_ms(dev, 3, reps, || {
+                            flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)?;
+                            flash_attn_backward_into(
+                                dev, &q, &k, &v, &o, d_o, &lse, &params, dq, dk, dv,
+                            )
+                        })?,
+                        (_, None) => unreachable!("backward buffers exist for backward ops"),
+                    };
+                    let row = Row {
+                        op,
+                        dtype: name,
+                        d,
+                        b,
+                        h,
+                        n,
+                        causal,
+                        ms: median(&times),
+                    };
+                    eprintln!(
+                        "{:<7} {:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s",
+                        op.name(),
+                        name,
+                        d,
+                        b,
+                        h,
+                        n,
+                        causal,
+                        row.ms,
+                        row.tflops()
+                    );
+                    rows.push(row);
+                }
             }
         }
     }
     Ok(())
 }
 
-/// Forward-pass benchmark of flash-attn (FlashAttention's configuration); JSON rows on stdout
-/// or in `--out`, a table on stderr.
+/// Forward / backward benchmark of flash-attn (FlashAttention's configuration); JSON rows on
+/// stdout or in `--out`, a table on stderr.
 #[derive(Debug, Parser)]
 #[command(name = "flash-attn-bench")]
 struct Args {
     /// Write the JSON rows to this file instead of stdout
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
+    /// What to time: the forward (`fwd`), the backward alone (`bwd`), forward + backward
+    /// (`fwd_bwd`) or all three (`all`)
+    #[arg(long, value_name = "OP", default_value = "fwd",
+          value_parser = ["fwd", "bwd", "fwd_bwd", "all"])]
+    op: String,
     /// N in {1K, 4K} only
     #[arg(long)]
     quick: bool,
@@ -157,6 +257,7 @@ fn main() {
         std::process::exit(if e.use_stderr() { 1 } else { 0 });
     });
     let (out, reps, quick) = (args.out, args.reps, args.quick);
+    let ops = Op::parse_list(&args.op);
     let filter = Filter {
         d: args.d,
         n: args.n,
@@ -178,8 +279,8 @@ fn main() {
     let device = dev.name().unwrap_or_default();
     let date = std::env::var("BENCH_DATE").unwrap_or_default();
     let mut rows = Vec::new();
-    let run = bench_dtype::<f16>(&dev, "f16", &filter, &ns, reps, &mut rows)
-        .and_then(|_| bench_dtype::<bf16>(&dev, "bf16", &filter, &ns, reps, &mut rows));
+    let run = bench_dtype::<f16>(&dev, "f16", &ops, &filter, &ns, reps, &mut rows)
+        .and_then(|_| bench_dtype::<bf16>(&dev, "bf16", &ops, &filter, &ns, reps, &mut rows));
     if let Err(e) = run {
         eprintln!("flash-attn-bench: error: {e}");
         std::process::exit(1);
@@ -188,7 +289,7 @@ fn main() {
         .iter()
         .map(|r| {
             serde_json::json!({
-                "op": "fwd", "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
+                "op": r.op.name(), "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
                 "causal": r.causal, "ours_ms": r.ms, "ours_tflops": r.tflops(),
                 "device": device, "date": date, "ptx_arch": dev.ptx_arch(),
             })

@@ -1,13 +1,14 @@
 //! `cargo xtask bench` and `cargo xtask bench-report`.
 //!
-//! `bench` runs the forward benchmark on this machine (it needs a GPU), adds PyTorch SDPA's
+//! `bench` runs the benchmark on this machine (it needs a GPU; `--op bwd|fwd_bwd|all` adds
+//! backward rows to the forward's), adds PyTorch SDPA's
 //! numbers measured on the same shapes when PyTorch is importable, stores the merged rows as
 //! `docs/bench/<date>-<device-slug>.json` and then runs the report.
 //!
 //! `bench-report` reads every `docs/bench/*.json` (an array of row objects, as written by
 //! `flash-attn-bench` and `xtask/scripts/bench_torch.py`; extra keys are ignored, `null` torch
-//! values read "n/a") and regenerates, for each file, `docs/bench/fwd-<stem>.svg` and the
-//! generated section of `docs/benchmarks.md` between its `bench:begin` / `bench:end` markers.
+//! values read "n/a") and regenerates, for each file, `docs/bench/fwd-<stem>.svg` (forward
+//! rows only) and the generated section of `docs/benchmarks.md` between its `bench:begin` / `bench:end` markers.
 //!
 //! One file per job: [`run`] measures, [`record`] reads the results files, [`report`] writes
 //! the markdown, [`plot`] draws the SVG charts (with `plotters`).

@@ -239,4 +239,17 @@ mod tests {
             .contains("row 0"));
         assert!(parse_rows("{}").is_err());
     }
+
+    #[test]
+    fn op_is_read_and_defaults_to_fwd() {
+        let text = r#"[{"dtype":"f16","d":64,"n":512,"causal":true,"ours_tflops":1.0},
+            {"op":"bwd","dtype":"bf16","d":128,"n":1024,"causal":false,"ours_tflops":2.0},
+            {"op":"fwd_bwd","dtype":"f16","d":64,"n":512,"causal":false,"ours_tflops":3.0}]"#;
+        let ops: Vec<String> = parse_rows(text)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.op)
+            .collect();
+        assert_eq!(ops, ["fwd", "bwd", "fwd_bwd"]);
+    }
 }

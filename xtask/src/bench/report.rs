@@ -1,11 +1,11 @@
 //! The generated section of `docs/benchmarks.md`: per results file a heading, the run's facts,
-//! the ratio summaries, a link to its plot and one markdown table per op.
+//! the ratio summaries (per op), a link to its plot (forward rows) and one markdown table per op
+//! (`fwd`, then `bwd`, then `fwd_bwd`, then any other op by name).
 //!
 //! The tables are a public record: any change to their text is a change to the published
 //! numbers' presentation, so `cargo xtask bench-report` must reproduce them byte for byte.
 
 use super::record::{dtype_rank, first_nonempty, Row, RunFile};
-use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 /// Start of the generated part of `docs/benchmarks.md`.
@@ -83,6 +83,25 @@ fn render_table(rows: &[Row]) -> String {
     s
 }
 
+/// Sort key for ops: fwd, bwd, fwd_bwd, then the rest by name.
+fn op_rank(op: &str) -> (u8, &str) {
+    let rank = match op {
+        "fwd" => 0,
+        "bwd" => 1,
+        "fwd_bwd" => 2,
+        _ => 3,
+    };
+    (rank, op)
+}
+
+/// The ops of `rows`, in [`op_rank`] order.
+fn ops_of(rows: &[Row]) -> Vec<&str> {
+    let mut ops: Vec<&str> = rows.iter().map(|r| r.op.as_str()).collect();
+    ops.sort_by_key(|op| op_rank(op));
+    ops.dedup();
+    ops
+}
+
 /// The generated section of docs/benchmarks.md (between the markers).
 pub(super) fn render_section(runs: &[RunFile]) -> String {
     let mut s = String::new();
@@ -127,16 +146,31 @@ pub(super) fn render_section(runs: &[RunFile]) -> String {
             let _ = writeln!(s, "- Our PTX: `{arch}`");
         }
         let _ = writeln!(s, "- Rows: [`bench/{0}.json`](bench/{0}.json)", run.stem);
-        let _ = writeln!(
-            s,
-            "- Ours / PyTorch flash: {}",
-            ratio_summary(rows.iter().map(|r| ratio(r.ours, r.flash)))
-        );
-        let _ = writeln!(
-            s,
-            "- Ours / PyTorch cuDNN: {}",
-            ratio_summary(rows.iter().map(|r| ratio(r.ours, r.cudnn)))
-        );
+        let ops = ops_of(rows);
+        // The forward's summaries carry no label (as before backward rows existed); a file
+        // without rows still gets them, reading n/a.
+        let mut summaries: Vec<&str> = ops.clone();
+        if summaries.is_empty() {
+            summaries.push("fwd");
+        }
+        for op in summaries {
+            let label = if op == "fwd" {
+                String::new()
+            } else {
+                format!(" (`{op}`)")
+            };
+            let of_op = || rows.iter().filter(move |r| r.op == op);
+            let _ = writeln!(
+                s,
+                "- Ours / PyTorch flash{label}: {}",
+                ratio_summary(of_op().map(|r| ratio(r.ours, r.flash)))
+            );
+            let _ = writeln!(
+                s,
+                "- Ours / PyTorch cuDNN{label}: {}",
+                ratio_summary(of_op().map(|r| ratio(r.ours, r.cudnn)))
+            );
+        }
         if rows.iter().any(|r| r.op == "fwd") {
             let _ = writeln!(
                 s,
@@ -146,7 +180,6 @@ pub(super) fn render_section(runs: &[RunFile]) -> String {
                 run.svg_name()
             );
         }
-        let ops: BTreeSet<&str> = rows.iter().map(|r| r.op.as_str()).collect();
         for op in ops {
             let of_op: Vec<Row> = rows.iter().filter(|r| r.op == op).cloned().collect();
             let _ = writeln!(
@@ -212,6 +245,88 @@ mod tests {
         assert!(a < b);
         assert!(s.contains("| f16 | 64 | 512 | no | 200.5 | n/a | n/a | n/a | n/a | n/a |"));
         assert!(s.contains("- PyTorch: n/a"));
+    }
+
+    /// `r` as a row of `op`, with `ours` TFLOP/s.
+    fn with_op(mut r: Row, op: &str, ours: f64) -> Row {
+        r.op = op.into();
+        r.ours = Some(ours);
+        r
+    }
+
+    #[test]
+    fn backward_rows_get_their_own_tables_and_summaries() {
+        let fwd = row("f16", 64, 512, false, true);
+        let fwd_only = render_section(&[run_of(vec![fwd.clone()])]);
+        let rows = vec![
+            with_op(row("f16", 64, 512, false, true), "fwd_bwd", 100.0),
+            with_op(row("bf16", 128, 1024, true, true), "bwd", 500.0),
+            fwd.clone(),
+            with_op(row("f16", 64, 512, false, false), "bwd", 125.0),
+        ];
+        let s = render_section(&[run_of(rows)]);
+
+        // The forward's summaries read only forward rows, as in a forward-only file.
+        let line = |s: &str, prefix: &str| {
+            s.lines()
+                .find(|l| l.starts_with(prefix))
+                .map(str::to_string)
+        };
+        for prefix in ["- Ours / PyTorch flash: ", "- Ours / PyTorch cuDNN: "] {
+            assert_eq!(line(&s, prefix), line(&fwd_only, prefix));
+        }
+        assert_eq!(
+            line(&s, "- Ours / PyTorch flash (`bwd`): ").unwrap(),
+            "- Ours / PyTorch flash (`bwd`): 2.00–2.00× (geometric mean 2.00×)"
+        );
+        assert_eq!(
+            line(&s, "- Ours / PyTorch cuDNN (`fwd_bwd`): ").unwrap(),
+            "- Ours / PyTorch cuDNN (`fwd_bwd`): 0.25–0.25× (geometric mean 0.25×)"
+        );
+        assert!(!fwd_only.contains("(`bwd`)"));
+
+        // One table per op: fwd, bwd, fwd_bwd; same columns.
+        let f = s.find("Table: <code>fwd</code>, TFLOP/s (1 rows)").unwrap();
+        let b = s.find("Table: <code>bwd</code>, TFLOP/s (2 rows)").unwrap();
+        let fb = s
+            .find("Table: <code>fwd_bwd</code>, TFLOP/s (1 rows)")
+            .unwrap();
+        assert!(f < b && b < fb);
+        let bwd_table = &s[b..fb];
+        assert!(bwd_table.contains("| dtype | d | N | causal | ours TFLOP/s | flash | cuDNN |"));
+        let f16 = bwd_table
+            .find("| f16 | 64 | 512 | no | 125.0 | n/a | n/a | n/a | n/a | n/a |")
+            .unwrap();
+        let bf16 = bwd_table
+            .find("| bf16 | 128 | 1024 | yes | 500.0 | 250.0 | 400.0 | 125.0 | 2.00 | 1.25 |")
+            .unwrap();
+        assert!(f16 < bf16);
+        assert!(s[fb..]
+            .contains("| f16 | 64 | 512 | no | 100.0 | 250.0 | 400.0 | 125.0 | 0.40 | 0.25 |"));
+        // The plot covers the forward rows only.
+        assert_eq!(s.matches("![Forward TFLOP/s").count(), 1);
+    }
+
+    #[test]
+    fn backward_only_file_has_no_plot() {
+        let r = with_op(row("f16", 128, 2048, true, true), "bwd", 300.0);
+        let s = render_section(&[run_of(vec![r])]);
+        assert!(!s.contains("![Forward"));
+        assert!(!s.contains("<code>fwd</code>"));
+        assert!(!s.contains("- Ours / PyTorch flash: "));
+        assert!(s.contains("- Ours / PyTorch flash (`bwd`): 1.20–1.20× (geometric mean 1.20×)"));
+        assert!(
+            s.contains("| f16 | 128 | 2048 | yes | 300.0 | 250.0 | 400.0 | 125.0 | 1.20 | 0.75 |")
+        );
+        assert_eq!(
+            ops_of(&[
+                with_op(row("f16", 64, 512, false, true), "zzz", 1.0),
+                with_op(row("f16", 64, 512, false, true), "fwd_bwd", 1.0),
+                with_op(row("f16", 64, 512, false, true), "bwd", 1.0),
+                row("f16", 64, 512, false, true),
+            ]),
+            ["fwd", "bwd", "fwd_bwd", "zzz"]
+        );
     }
 
     #[test]
