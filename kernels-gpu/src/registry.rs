@@ -323,37 +323,6 @@ macro_rules! bwd_pass_entry {
     };
 }
 
-/// The registry's per-target `(warps, block_m)` as backward tiles.
-const fn bwd_tiles_of(
-    head_dim: usize,
-    shapes: [(usize, usize); ARCH_COUNT],
-) -> [BwdTile; ARCH_COUNT] {
-    let mut out = [BwdTile::new(head_dim, shapes[0]); ARCH_COUNT];
-    let mut i = 1;
-    while i < ARCH_COUNT {
-        out[i] = BwdTile::new(head_dim, shapes[i]);
-        i += 1;
-    }
-    out
-}
-
-const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInfo {
-    let mut dyn_smem = [0; ARCH_COUNT];
-    let mut threads = [0; ARCH_COUNT];
-    let mut i = 0;
-    while i < ARCH_COUNT {
-        dyn_smem[i] = tiles[i].smem_bytes();
-        threads[i] = tiles[i].threads();
-        i += 1;
-    }
-    KernelInfo {
-        name,
-        family: Family::Bwd,
-        dyn_smem,
-        threads,
-    }
-}
-
 const fn aux_info(name: &'static str) -> KernelInfo {
     KernelInfo {
         name,
@@ -363,34 +332,57 @@ const fn aux_info(name: &'static str) -> KernelInfo {
     }
 }
 
-/// The registry's per-target `(warps, m_tiles, block_n, q_in_regs)` as tiles.
+/// `[f(x[0]), f(x[1]), …]` over the targets, in a `const` context (closures and trait
+/// methods are not allowed there).
+macro_rules! per_arch {
+    ($items:expr, $init:expr, |$x:ident| $f:expr) => {{
+        let items = $items;
+        let mut out = [$init; ARCH_COUNT];
+        let mut i = 0;
+        while i < ARCH_COUNT {
+            let $x = items[i];
+            out[i] = $f;
+            i += 1;
+        }
+        out
+    }};
+}
+
+/// The registry's per-target `(warps, m_tiles, block_n, q_in_regs)` as forward tiles.
 const fn tiles_of(
     head_dim: usize,
     shapes: [(usize, usize, usize, bool); ARCH_COUNT],
 ) -> [FwdTile; ARCH_COUNT] {
-    let mut out = [FwdTile::new(head_dim, shapes[0]); ARCH_COUNT];
-    let mut i = 1;
-    while i < ARCH_COUNT {
-        out[i] = FwdTile::new(head_dim, shapes[i]);
-        i += 1;
-    }
-    out
+    per_arch!(shapes, FwdTile::new(head_dim, shapes[0]), |s| FwdTile::new(
+        head_dim, s
+    ))
+}
+
+/// The registry's per-target `(warps, block_m)` as backward tiles.
+const fn bwd_tiles_of(
+    head_dim: usize,
+    shapes: [(usize, usize); ARCH_COUNT],
+) -> [BwdTile; ARCH_COUNT] {
+    per_arch!(shapes, BwdTile::new(head_dim, shapes[0]), |s| BwdTile::new(
+        head_dim, s
+    ))
 }
 
 const fn fwd_info(name: &'static str, tiles: [FwdTile; ARCH_COUNT]) -> KernelInfo {
-    let mut dyn_smem = [0; ARCH_COUNT];
-    let mut threads = [0; ARCH_COUNT];
-    let mut i = 0;
-    while i < ARCH_COUNT {
-        dyn_smem[i] = tiles[i].smem_bytes();
-        threads[i] = tiles[i].threads();
-        i += 1;
-    }
     KernelInfo {
         name,
         family: Family::Fwd,
-        dyn_smem,
-        threads,
+        dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
+        threads: per_arch!(tiles, 0, |t| t.threads()),
+    }
+}
+
+const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInfo {
+    KernelInfo {
+        name,
+        family: Family::Bwd,
+        dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
+        threads: per_arch!(tiles, 0, |t| t.threads()),
     }
 }
 

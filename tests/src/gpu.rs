@@ -107,3 +107,11 @@ pub fn download3(dev: &Device, t: &DeviceTensor<f32>) -> Array3<f32> {
         .into_dimensionality::<Ix3>()
         .expect("rank 3")
 }
+
+/// Random cases per GPU property test: `FLASH_ATTN_GPU_CASES`, 64 when unset.
+pub fn gpu_cases() -> u32 {
+    std::env::var("FLASH_ATTN_GPU_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64)
+}

@@ -13,7 +13,9 @@ use flash_attn::shape::AttnShape;
 use flash_attn::{
     flash_attn, flash_attn_backward_into, AttnParams, Device, DeviceTensor, Element, FlashError,
 };
-use flash_attn_tests::gpu::{device as gpu_device, download3, download4, upload, Layout};
+use flash_attn_tests::gpu::{
+    device as gpu_device, download3, download4, gpu_cases, upload, Layout,
+};
 use flash_attn_tests::{
     check_gradient_accuracy, random_array, random_qkv, to_f64, Magnitude, GPU_GRADIENT_FACTOR,
 };
@@ -24,14 +26,6 @@ use rand::SeedableRng;
 /// The shared device, or `None` after a loud SKIPPED line.
 fn device() -> Option<&'static Device> {
     gpu_device("gpu_backward")
-}
-
-/// Random cases per property test: `FLASH_ATTN_GPU_CASES`, 64 when unset.
-fn gpu_cases() -> u32 {
-    std::env::var("FLASH_ATTN_GPU_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
 }
 
 /// One case: fresh inputs, the GPU forward, NaN-poisoned gradients, the GPU backward, and the

@@ -10,7 +10,9 @@ use flash_attn::shape::AttnShape;
 use flash_attn::{
     flash_attn, flash_attn_into, AttnParams, Device, DeviceTensor, Element, FlashError,
 };
-use flash_attn_tests::gpu::{device as gpu_device, download3, download4, upload, Layout};
+use flash_attn_tests::gpu::{
+    device as gpu_device, download3, download4, gpu_cases, upload, Layout,
+};
 use flash_attn_tests::{check_accuracy, max_abs_diff, random_qkv, to_f64, Magnitude};
 use half::{bf16, f16};
 use ndarray::Array4;
@@ -120,14 +122,6 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, bool, Option<f32>, 
             Layout::Padded { extra: 3 },
         ]),
     )
-}
-
-/// Random cases per GPU property test: `FLASH_ATTN_GPU_CASES`, 64 when unset.
-fn gpu_cases() -> u32 {
-    std::env::var("FLASH_ATTN_GPU_CASES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(64)
 }
 
 proptest! {
