@@ -817,8 +817,8 @@ fn rows() -> Vec<Row> {
         row(
             "--backward --deterministic writes the gradients",
             |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::F16)),
-            &["bwd.safetensors", "--backward", "--deterministic"],
-            Succeeds("backward: CPU backend (--deterministic)"),
+            &["bwd.safetensors", "--backward", "--deterministic", "--cpu"],
+            Succeeds("backend: CPU (--cpu)"),
         ),
         // --- documented results ---
         row(

@@ -5,7 +5,7 @@
 //! `cargo run --release -p flash-attn --example train` (needs a CUDA GPU; on a machine without
 //! one it says so and exits).
 
-use flash_attn::{flash_attn, flash_attn_backward, AttnParams, Device, DeviceTensor};
+use flash_attn::{flash_attn, flash_attn_backward, AttnParams, BwdMode, Device, DeviceTensor};
 use half::bf16;
 use ndarray::{Array4, Zip};
 
@@ -66,7 +66,8 @@ fn main() -> flash_attn::Result<()> {
             println!("step {step:3}  loss {loss:.6}");
         }
         let d_o = up(&diff.mapv(|x| 2.0 * x / count))?;
-        let (dq, dk, dv) = flash_attn_backward(&dev, &qd, &kd, &vd, &o, &d_o, &lse, &params)?;
+        let (dq, dk, dv) =
+            flash_attn_backward(&dev, &qd, &kd, &vd, &o, &d_o, &lse, &params, BwdMode::Fast)?;
         for (param, grad) in [(&mut q, dq), (&mut k, dk), (&mut v, dv)] {
             let grad = down(&grad)?;
             let rms = (grad.iter().map(|g| g * g).sum::<f32>() / grad.len() as f32).sqrt();

@@ -1,6 +1,7 @@
-//! The backward pass on the GPU (FlashAttention 2's backward; fast mode: dQ through f32 atomic
-//! adds). Three launches: the pre-pass D = rowsum(dO ∘ O), the main kernel (dK, dV, and dQ into
-//! an f32 accumulator) and the conversion of dQ to the input type.
+//! The backward pass on the GPU (FlashAttention 2's backward). Launches: the pre-pass
+//! D = rowsum(dO ∘ O), the main kernel (dK, dV, and dQ into an f32 accumulator), then either
+//! the conversion of dQ to the input type ([`BwdMode::Fast`]) or the deterministic dQ kernel
+//! ([`BwdMode::Deterministic`]).
 
 use crate::device::Device;
 use crate::dtype::{DType, Element};
@@ -15,9 +16,22 @@ use flash_attn_kernels::params::{
     BwdParams, MaskArgs, RowStatsRef, SeqDims, Strides, TensorRef, FLAG_CAUSAL,
 };
 use flash_attn_kernels::registry::{
-    self, KernelDType, MaskKind, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS,
+    self, KernelDType, MaskKind, BWD_CONVERT_KERNELS, BWD_DQ_KERNELS, BWD_PREP_KERNELS,
 };
 use std::sync::Arc;
+
+/// How the GPU backward sums dQ. dK and dV are deterministic in both modes (each is summed by
+/// one block, over the query heads of its group in order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BwdMode {
+    /// dQ through f32 atomic adds (FlashAttention 2's design): the fastest; the order of the
+    /// adds, and so dQ's last bits, can change from run to run.
+    #[default]
+    Fast,
+    /// Bit-identical dQ, dK and dV run to run, whatever the number of blocks in flight: dQ is
+    /// computed by a second kernel that walks each query tile's key tiles in a fixed order.
+    Deterministic,
+}
 
 /// Largest grid y/z extent: KV heads and batch are mapped there.
 const MAX_GRID_YZ: usize = 65_535;
@@ -26,6 +40,7 @@ const MAX_GRID_YZ: usize = 65_535;
 /// `[B, Nk, Hkv, d]` (input dtype) for the loss whose gradient with respect to O is `d_o`,
 /// given the forward's O and LSE (as [`crate::flash_attn`] returns them). GQA: dK and dV of
 /// a shared KV head are the sum over its query heads. Head dims up to 128 on the GPU for now.
+/// `mode` chooses between speed and bit-identical results ([`BwdMode`]).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_backward<T: Element>(
     dev: &Device,
@@ -36,12 +51,15 @@ pub fn flash_attn_backward<T: Element>(
     d_o: &DeviceTensor<T>,
     lse: &DeviceTensor<f32>,
     params: &AttnParams,
+    mode: BwdMode,
 ) -> Result<(DeviceTensor<T>, DeviceTensor<T>, DeviceTensor<T>)> {
     let shape = input_shape(q, k, v)?;
     let mut dq = DeviceTensor::uninit(dev, &shape.q_dims())?;
     let mut dk = DeviceTensor::uninit(dev, &shape.kv_dims())?;
     let mut dv = DeviceTensor::uninit(dev, &shape.kv_dims())?;
-    flash_attn_backward_into(dev, q, k, v, o, d_o, lse, params, &mut dq, &mut dk, &mut dv)?;
+    flash_attn_backward_into(
+        dev, q, k, v, o, d_o, lse, params, mode, &mut dq, &mut dk, &mut dv,
+    )?;
     Ok((dq, dk, dv))
 }
 
@@ -56,6 +74,7 @@ pub fn flash_attn_backward_into<T: Element>(
     d_o: &DeviceTensor<T>,
     lse: &DeviceTensor<f32>,
     params: &AttnParams,
+    mode: BwdMode,
     dq: &mut DeviceTensor<T>,
     dk: &mut DeviceTensor<T>,
     dv: &mut DeviceTensor<T>,
@@ -92,9 +111,9 @@ pub fn flash_attn_backward_into<T: Element>(
             "LSE belongs to another device or context".into(),
         ));
     }
-    if shape.heads_kv > MAX_GRID_YZ || shape.batch > MAX_GRID_YZ {
+    if shape.heads_q > MAX_GRID_YZ || shape.batch > MAX_GRID_YZ {
         return Err(FlashError::TooLarge(format!(
-            "at most {MAX_GRID_YZ} KV heads and {MAX_GRID_YZ} batch entries per call"
+            "at most {MAX_GRID_YZ} heads and {MAX_GRID_YZ} batch entries per call"
         )));
     }
     for (out_name, out) in outputs {
@@ -195,15 +214,25 @@ pub fn flash_attn_backward_into<T: Element>(
             tile.smem_bytes(),
             p,
         )?;
-        let pairs = b * nq * hq * padded_d / 2;
-        launch(
-            dev,
-            BWD_CONVERT_KERNELS[dtype as usize],
-            (aux_blocks(pairs), 1, 1),
-            threads,
-            0,
-            p,
-        )?;
+        match mode {
+            BwdMode::Fast => {
+                let pairs = b * nq * hq * padded_d / 2;
+                let convert = BWD_CONVERT_KERNELS[dtype as usize];
+                launch(dev, convert, (aux_blocks(pairs), 1, 1), threads, 0, p)?;
+            }
+            BwdMode::Deterministic => {
+                // The same head dims as the main kernel's (one registry row each).
+                let dq_kernel = BWD_DQ_KERNELS
+                    .iter()
+                    .find(|k| k.head_dim == kernel.head_dim)
+                    .ok_or(FlashError::HeadDim(d))?;
+                let dq_tile = dq_kernel.tile(dev.arch());
+                let grid = (nq.div_ceil(dq_tile.block_n) as u32, hq as u32, b as u32);
+                let smem = dq_tile.smem_bytes();
+                let threads = dq_tile.threads() as u32;
+                launch(dev, dq_kernel.name(dtype), grid, threads, smem, p)?;
+            }
+        }
     }
     for (out, packed) in [(&*dq, &dq_packed), (&*dk, &dk_packed), (&*dv, &dv_packed)] {
         if let Some(packed) = packed {

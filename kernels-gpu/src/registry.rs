@@ -164,6 +164,7 @@ macro_rules! registry {
     (
         fwd { $( $d:literal $mask:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
         bwd { $( $bd:literal $bmask:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
+        bwd_dq { $( $qd:literal $qmask:ident [$qf16:ident, $qbf16:ident] $qtiles:expr; )* }
         bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
         layout { $( $pad:ident; )* }
     ) => {
@@ -187,6 +188,16 @@ macro_rules! registry {
             },
         )*];
 
+        /// Every deterministic-dQ kernel (the deterministic backward's dQ, no atomics).
+        pub const BWD_DQ_KERNELS: &[BwdKernel] = &[$(
+            BwdKernel {
+                head_dim: $qd,
+                mask: MaskKind::$qmask,
+                names: [stringify!($qf16), stringify!($qbf16)],
+                tiles: bwd_tiles_of($qd, $qtiles),
+            },
+        )*];
+
         /// The backward's pre-pass entry points, indexed by [`KernelDType`].
         pub const BWD_PREP_KERNELS: [&str; 2] = [stringify!($prep16), stringify!($prepb16)];
 
@@ -202,6 +213,10 @@ macro_rules! registry {
             $(
                 bwd_info(stringify!($bf16_), bwd_tiles_of($bd, $btiles)),
                 bwd_info(stringify!($bbf16), bwd_tiles_of($bd, $btiles)),
+            )*
+            $(
+                bwd_info(stringify!($qf16), bwd_tiles_of($qd, $qtiles)),
+                bwd_info(stringify!($qbf16), bwd_tiles_of($qd, $qtiles)),
             )*
             aux_info(stringify!($prep16)),
             aux_info(stringify!($prepb16)),
@@ -229,6 +244,10 @@ macro_rules! registry {
             $(
                 bwd_entry!($bf16_, F16, $bmask, $bd, $btiles);
                 bwd_entry!($bbf16, Bf16, $bmask, $bd, $btiles);
+            )*
+            $(
+                bwd_dq_entry!($qf16, F16, $qmask, $qd, $qtiles);
+                bwd_dq_entry!($qbf16, Bf16, $qmask, $qd, $qtiles);
             )*
             bwd_pass_entry!($prep16, F16, bwd_prep);
             bwd_pass_entry!($prepb16, Bf16, bwd_prep);
@@ -303,6 +322,34 @@ macro_rules! bwd_entry {
                 { T.block_m / 8 },
                 { T.block_n / 16 },
                 { T.dq_tiles() },
+            >(&p)
+        }
+    };
+}
+
+/// One deterministic-dQ entry point (see `device::bwd::flash_bwd_dq`).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! bwd_dq_entry {
+    ($name:ident, $elem:ident, $mask:ident, $d:literal, $tiles:expr) => {
+        /// The deterministic backward's dQ for one (dtype, head dim, mask); see `device::bwd`.
+        ///
+        /// # Safety
+        /// Launched by the host crate with the grid, block and shared memory of its tile,
+        /// after the pre-pass.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::BwdParams) {
+            const T: BwdTile = bwd_tiles_of($d, $tiles)[Arch::current().index()];
+            crate::device::bwd::flash_bwd_dq::<
+                crate::device::elem::$elem,
+                crate::mask::kind::$mask,
+                $d,
+                { T.smem_pitch() },
+                { T.block_m },
+                { T.block_n },
+                { T.warps },
+                { $d / 16 },
+                { $d / 8 },
+                { T.block_m / 8 },
             >(&p)
         }
     };
@@ -404,6 +451,12 @@ registry! {
         96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 64), (4, 64)];
         128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 64), (4, 64)];
     }
+    bwd_dq {
+        32 Causal [flash_bwd_dq_f16_d32, flash_bwd_dq_bf16_d32] [(4, 64), (4, 64)];
+        64 Causal [flash_bwd_dq_f16_d64, flash_bwd_dq_bf16_d64] [(4, 64), (4, 64)];
+        96 Causal [flash_bwd_dq_f16_d96, flash_bwd_dq_bf16_d96] [(4, 64), (4, 64)];
+        128 Causal [flash_bwd_dq_f16_d128, flash_bwd_dq_bf16_d128] [(4, 64), (4, 64)];
+    }
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];
         convert [flash_bwd_convert_dq_f16, flash_bwd_convert_dq_bf16];
@@ -458,7 +511,7 @@ mod tests {
         assert_eq!(names.len(), ALL_KERNELS.len());
         assert_eq!(
             ALL_KERNELS.len(),
-            2 * FWD_KERNELS.len() + 2 * BWD_KERNELS.len() + 4 + 1
+            2 * FWD_KERNELS.len() + 2 * BWD_KERNELS.len() + 2 * BWD_DQ_KERNELS.len() + 4 + 1
         );
     }
 

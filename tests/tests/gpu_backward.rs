@@ -11,7 +11,8 @@ use flash_attn::cpu::{
 };
 use flash_attn::shape::AttnShape;
 use flash_attn::{
-    flash_attn, flash_attn_backward_into, AttnParams, Device, DeviceTensor, Element, FlashError,
+    flash_attn, flash_attn_backward_into, AttnParams, BwdMode, Device, DeviceTensor, Element,
+    FlashError,
 };
 use flash_attn_tests::gpu::{
     device as gpu_device, download3, download4, gpu_cases, upload, Layout,
@@ -37,6 +38,7 @@ fn run_case<T: Element>(
     params: AttnParams,
     magnitude: Magnitude,
     layout: Layout,
+    mode: BwdMode,
 ) -> Result<(), String> {
     let err = |e: FlashError| e.to_string();
     let scale = params.scale(shape.head_dim).map_err(err)?;
@@ -53,7 +55,7 @@ fn run_case<T: Element>(
         t.fill_nan(dev).map_err(err)?;
     }
     flash_attn_backward_into(
-        dev, &qd, &kd, &vd, &o, &dod, &lse, &params, &mut dq, &mut dk, &mut dv,
+        dev, &qd, &kd, &vd, &o, &dod, &lse, &params, mode, &mut dq, &mut dk, &mut dv,
     )
     .map_err(err)?;
     let ours = [
@@ -90,7 +92,7 @@ fn run_case<T: Element>(
         [given.0.view(), given.1.view(), given.2.view()],
         [reference.0.view(), reference.1.view(), reference.2.view()],
     )
-    .map_err(|e| format!("{shape:?} {params:?} {magnitude:?} {layout:?}: {e}"))
+    .map_err(|e| format!("{shape:?} {params:?} {magnitude:?} {layout:?} {mode:?}: {e}"))
 }
 
 /// Sizes and options: odd lengths, GQA/MQA, every head dim the GPU backward takes (odd ones
@@ -159,16 +161,18 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: gpu_cases(), ..ProptestConfig::default() })]
 
     #[test]
-    fn backward_f16_matches_reference((seed, shape, params, mag, layout) in case_strategy()) {
+    fn backward_f16_matches_reference((seed, shape, params, mag, layout) in case_strategy(), det in any::<bool>()) {
         if let Some(dev) = device() {
-            prop_assert_eq!(run_case::<f16>(dev, seed, shape, params, mag, layout), Ok(()));
+            let mode = if det { BwdMode::Deterministic } else { BwdMode::Fast };
+            prop_assert_eq!(run_case::<f16>(dev, seed, shape, params, mag, layout, mode), Ok(()));
         }
     }
 
     #[test]
-    fn backward_bf16_matches_reference((seed, shape, params, mag, layout) in case_strategy()) {
+    fn backward_bf16_matches_reference((seed, shape, params, mag, layout) in case_strategy(), det in any::<bool>()) {
         if let Some(dev) = device() {
-            prop_assert_eq!(run_case::<bf16>(dev, seed, shape, params, mag, layout), Ok(()));
+            let mode = if det { BwdMode::Deterministic } else { BwdMode::Fast };
+            prop_assert_eq!(run_case::<bf16>(dev, seed, shape, params, mag, layout, mode), Ok(()));
         }
     }
 }
@@ -202,6 +206,7 @@ fn every_backward_kernel() {
                 params,
                 Magnitude::Normal,
                 Layout::Contiguous,
+                BwdMode::Fast,
             )
             .unwrap();
             run_case::<bf16>(
@@ -211,6 +216,7 @@ fn every_backward_kernel() {
                 params,
                 Magnitude::Large,
                 Layout::Contiguous,
+                BwdMode::Deterministic,
             )
             .unwrap();
         }
@@ -234,7 +240,68 @@ fn head_dims_above_128_are_typed_errors() {
     let up = |a: &ndarray::Array4<f16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
     let params = AttnParams::default();
     let (o, lse) = flash_attn(dev, &up(&q), &up(&k), &up(&v), &params).unwrap();
-    let r =
-        flash_attn::flash_attn_backward(dev, &up(&q), &up(&k), &up(&v), &o, &up(&q), &lse, &params);
+    let r = flash_attn::flash_attn_backward(
+        dev,
+        &up(&q),
+        &up(&k),
+        &up(&v),
+        &o,
+        &up(&q),
+        &lse,
+        &params,
+        BwdMode::Fast,
+    );
     assert!(matches!(r, Err(FlashError::HeadDim(160))), "{:?}", r.err());
+}
+
+/// Deterministic mode: 100 runs give bit-identical dQ, dK and dV, with GQA, on a shape whose
+/// grids fill the GPU (512 key-tile blocks, 1,024 query-tile blocks).
+#[test]
+fn deterministic_mode_is_bit_identical_over_100_runs() {
+    let Some(dev) = device() else { return };
+    let shape = AttnShape {
+        batch: 4,
+        seqlen_q: 2048,
+        seqlen_k: 2048,
+        heads_q: 16,
+        heads_kv: 4,
+        head_dim: 128,
+    };
+    let params = AttnParams {
+        causal: true,
+        softmax_scale: None,
+    };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let (q, k, v) = random_qkv::<bf16>(&mut rng, &shape, Magnitude::Normal, 0.088);
+    let d_o = random_array::<bf16>(&mut rng, shape.q_dims(), 1.0);
+    let up = |a: &ndarray::Array4<bf16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
+    let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
+    let (o, lse) = flash_attn(dev, &qd, &kd, &vd, &params).unwrap();
+    let bits = |t: &DeviceTensor<bf16>| -> Vec<u16> {
+        download4(dev, t).iter().map(|x| x.to_bits()).collect()
+    };
+    let mut first: Option<[Vec<u16>; 3]> = None;
+    for run in 0..100 {
+        let (dq, dk, dv) = flash_attn::flash_attn_backward(
+            dev,
+            &qd,
+            &kd,
+            &vd,
+            &o,
+            &dod,
+            &lse,
+            &params,
+            BwdMode::Deterministic,
+        )
+        .unwrap();
+        let now = [bits(&dq), bits(&dk), bits(&dv)];
+        match &first {
+            None => first = Some(now),
+            Some(f) => {
+                for (i, name) in ["dQ", "dK", "dV"].into_iter().enumerate() {
+                    assert!(f[i] == now[i], "{name} differs in run {run}");
+                }
+            }
+        }
+    }
 }

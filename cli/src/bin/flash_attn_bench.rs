@@ -14,7 +14,8 @@
 use clap::{ArgAction, Parser};
 use flash_attn::timing::{median, time_ms};
 use flash_attn::{
-    flash_attn_backward_into, flash_attn_into, AttnParams, Device, DeviceTensor, Element, Result,
+    flash_attn_backward_into, flash_attn_into, AttnParams, BwdMode, Device, DeviceTensor, Element,
+    Result,
 };
 use half::{bf16, f16};
 
@@ -174,14 +175,36 @@ fn bench_dtype<T: Element>(
                             flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)?;
                             time_ms(dev, 3, reps, || {
                                 flash_attn_backward_into(
-                                    dev, &q, &k, &v, &o, d_o, &lse, &params, dq, dk, dv,
+                                    dev,
+                                    &q,
+                                    &k,
+                                    &v,
+                                    &o,
+                                    d_o,
+                                    &lse,
+                                    &params,
+                                    BwdMode::Fast,
+                                    dq,
+                                    dk,
+                                    dv,
                                 )
                             })?
                         }
                         (Op::FwdBwd, Some([d_o, dq, dk, dv])) => time_ms(dev, 3, reps, || {
                             flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)?;
                             flash_attn_backward_into(
-                                dev, &q, &k, &v, &o, d_o, &lse, &params, dq, dk, dv,
+                                dev,
+                                &q,
+                                &k,
+                                &v,
+                                &o,
+                                d_o,
+                                &lse,
+                                &params,
+                                BwdMode::Fast,
+                                dq,
+                                dk,
+                                dv,
                             )
                         })?,
                         (_, None) => unreachable!("backward buffers exist for backward ops"),

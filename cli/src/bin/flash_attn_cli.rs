@@ -12,7 +12,7 @@
 
 use clap::{ArgAction, Parser};
 use flash_attn::shape::check_shapes;
-use flash_attn::{cpu, AttnParams, DType, Device, DeviceTensor, Element, FlashError};
+use flash_attn::{cpu, AttnParams, BwdMode, DType, Device, DeviceTensor, Element, FlashError};
 use flash_attn_cli::input::{read_npy, read_safetensors, FileElement, RawTensor};
 use flash_attn_cli::output::{check_aliases, PendingOutput};
 use flash_attn_cli::CliError;
@@ -45,8 +45,8 @@ BACKWARD (--backward):
     dV of a shared KV head sum over its query heads) to -o. Both passes run on GPU 0 like the
     forward (f16/bf16, head dims up to 128 for the GPU backward), else on the CPU backend.
     The GPU backward adds dQ with f32 atomics, so its low bits can vary run to run;
-    --deterministic runs both passes on the CPU backend, which is deterministic (one job per
-    KV head, no atomics), until the GPU's deterministic mode exists.
+    --deterministic selects its deterministic mode (bit-identical results, slower). The CPU
+    backward is always deterministic.
 
 The forward pass runs on GPU 0 when a CUDA driver and an sm_80+ GPU are present, on the CPU
 backend otherwise; f32 inputs always run on the CPU (the GPU kernels take f16 and bf16). The
@@ -430,11 +430,18 @@ fn gpu_forward_backward<T: Element>(
     dev: &Device,
     [q, k, v, d_o]: [&Array4<T>; 4],
     params: &AttnParams,
+    deterministic: bool,
 ) -> flash_attn::Result<FwdBwd<T>> {
+    let mode = if deterministic {
+        BwdMode::Deterministic
+    } else {
+        BwdMode::Fast
+    };
     let upload = |a: &Array4<T>| DeviceTensor::from_ndarray(dev, a.view());
     let (qd, kd, vd, dod) = (upload(q)?, upload(k)?, upload(v)?, upload(d_o)?);
     let (o, lse) = flash_attn::flash_attn(dev, &qd, &kd, &vd, params)?;
-    let (dq, dk, dv) = flash_attn::flash_attn_backward(dev, &qd, &kd, &vd, &o, &dod, &lse, params)?;
+    let (dq, dk, dv) =
+        flash_attn::flash_attn_backward(dev, &qd, &kd, &vd, &o, &dod, &lse, params, mode)?;
     let down4 = |t: &DeviceTensor<T>, name: &str| -> flash_attn::Result<Array4<T>> {
         t.to_ndarray(dev)?
             .into_dimensionality()
@@ -520,10 +527,7 @@ fn run_backward<T: FileElement>(
         .map_err(|e| CliError::Attention(format!("{e} (tensor `{}`)", raw[3].name)))?;
     let scale = params.scale(shape.head_dim).map_err(attention)?;
     let gpu_backward = registry::bwd_kernel(shape.head_dim, MaskKind::Causal).is_some();
-    let backend = if args.deterministic {
-        eprintln!("flash-attn-cli: backward: CPU backend (--deterministic)");
-        Backend::Cpu
-    } else if !gpu_backward {
+    let backend = if !gpu_backward {
         eprintln!(
             "flash-attn-cli: backward: CPU backend (no GPU backward kernel for head dim {})",
             shape.head_dim
@@ -534,7 +538,9 @@ fn run_backward<T: FileElement>(
     };
     let start = Instant::now();
     let (o, lse, dq, dk, dv) = match &backend {
-        Backend::Gpu(dev) => gpu_forward_backward(dev, [&q, &k, &v, &d_o], params),
+        Backend::Gpu(dev) => {
+            gpu_forward_backward(dev, [&q, &k, &v, &d_o], params, args.deterministic)
+        }
         Backend::Cpu => cpu_forward_backward([&q, &k, &v, &d_o], params),
     }
     .map_err(attention)?;
@@ -546,7 +552,7 @@ fn run_backward<T: FileElement>(
         if params.causal { " causal" } else { "" },
         start.elapsed().as_secs_f64() * 1e3
     );
-    let deterministic = matches!(backend, Backend::Cpu);
+    let deterministic = args.deterministic || matches!(backend, Backend::Cpu);
     let backend_name = match &backend {
         Backend::Gpu(dev) => format!("cuda:0 {}", dev.ptx_arch()),
         Backend::Cpu => "cpu".to_string(),

@@ -28,8 +28,10 @@
 //! Sync points: two `bar.sync` per query tile (after its loads, after dSᵀ is in shared memory)
 //! and one before the next tile's loads overwrite shared memory.
 
+mod dq;
 mod passes;
 
+pub use dq::flash_bwd_dq;
 pub use passes::{bwd_convert_dq, bwd_prep};
 
 use super::elem::Elem;
@@ -43,7 +45,7 @@ use crate::mask::AttnMask;
 use crate::params::BwdParams;
 
 /// `log2(e)`: converts the natural-log LSE into the base-2 domain of the exponent.
-const LOG2_E: f32 = core::f32::consts::LOG2_E;
+pub(super) const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
 /// The backward kernel body for any mask type `M`; see the module docs. Const parameters: `D`
 /// compiled head dim, `PITCH` shared row length of the Q/K/V/dO tiles, `BN` keys per block,
