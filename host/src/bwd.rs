@@ -221,10 +221,7 @@ pub fn flash_attn_backward_into<T: Element>(
                 launch(dev, convert, (aux_blocks(pairs), 1, 1), threads, 0, p)?;
             }
             BwdMode::Deterministic => {
-                // The same head dims as the main kernel's (one registry row each).
-                let dq_kernel = BWD_DQ_KERNELS
-                    .iter()
-                    .find(|k| k.head_dim == kernel.head_dim)
+                let dq_kernel = registry::kernel_for(BWD_DQ_KERNELS, d, MaskKind::Causal)
                     .ok_or(FlashError::HeadDim(d))?;
                 let dq_tile = dq_kernel.tile(dev.arch());
                 let grid = (nq.div_ceil(dq_tile.block_n) as u32, hq as u32, b as u32);

@@ -46,9 +46,10 @@ pub enum Family {
     Layout,
 }
 
-/// One forward kernel per element type for a (head dim, mask kind).
+/// One kernel per element type for a (head dim, mask kind), with its tile per target: a row
+/// of one family's table ([`FwdKernel`], [`BwdKernel`]).
 #[derive(Clone, Copy, Debug)]
-pub struct FwdKernel {
+pub struct KernelRow<T: Copy> {
     /// Compiled head dim; callers' smaller head dims run zero-padded on it.
     pub head_dim: usize,
     /// Mask type.
@@ -56,53 +57,38 @@ pub struct FwdKernel {
     /// Entry point names, indexed by [`KernelDType`] (`F16`, `Bf16`).
     pub names: [&'static str; 2],
     /// Tile shape per target, in [`crate::arch::ARCHS`] order.
-    pub tiles: [FwdTile; ARCH_COUNT],
+    pub tiles: [T; ARCH_COUNT],
 }
 
-impl FwdKernel {
+impl<T: Copy> KernelRow<T> {
     /// The entry point for `dtype`.
     pub const fn name(&self, dtype: KernelDType) -> &'static str {
         self.names[dtype as usize]
     }
 
     /// The tile shape on `arch`.
-    pub const fn tile(&self, arch: Arch) -> FwdTile {
+    pub const fn tile(&self, arch: Arch) -> T {
         self.tiles[arch.index()]
     }
 }
 
-/// One backward kernel per element type for a (head dim, mask kind).
-#[derive(Clone, Copy, Debug)]
-pub struct BwdKernel {
-    /// Compiled head dim; callers' smaller head dims run zero-padded on it.
-    pub head_dim: usize,
-    /// Mask type.
-    pub mask: MaskKind,
-    /// Entry point names, indexed by [`KernelDType`].
-    pub names: [&'static str; 2],
-    /// Tile shape per target, in [`crate::arch::ARCHS`] order.
-    pub tiles: [BwdTile; ARCH_COUNT],
-}
+/// A forward kernel row.
+pub type FwdKernel = KernelRow<FwdTile>;
 
-impl BwdKernel {
-    /// The entry point for `dtype`.
-    pub const fn name(&self, dtype: KernelDType) -> &'static str {
-        self.names[dtype as usize]
-    }
+/// A backward kernel row (the main kernel, or the deterministic mode's dQ kernel).
+pub type BwdKernel = KernelRow<BwdTile>;
 
-    /// The tile shape on `arch`.
-    pub const fn tile(&self, arch: Arch) -> BwdTile {
-        self.tiles[arch.index()]
-    }
-}
-
-/// The backward kernel that runs a caller's `head_dim` under `mask` (smallest compiled head
-/// dim ≥ it); `None` for 0 and above the largest.
-pub const fn bwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static BwdKernel> {
-    let mut best: Option<&'static BwdKernel> = None;
+/// The row of `rows` that runs a caller's `head_dim` under `mask`: the smallest compiled head
+/// dim ≥ it; `None` for 0 and above the largest.
+pub const fn kernel_for<T: Copy>(
+    rows: &'static [KernelRow<T>],
+    head_dim: usize,
+    mask: MaskKind,
+) -> Option<&'static KernelRow<T>> {
+    let mut best: Option<&'static KernelRow<T>> = None;
     let mut i = 0;
-    while i < BWD_KERNELS.len() {
-        let k = &BWD_KERNELS[i];
+    while i < rows.len() {
+        let k = &rows[i];
         if head_dim > 0 && head_dim <= k.head_dim && k.mask as u8 == mask as u8 {
             best = match best {
                 Some(b) if b.head_dim <= k.head_dim => Some(b),
@@ -112,6 +98,16 @@ pub const fn bwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static BwdK
         i += 1;
     }
     best
+}
+
+/// The forward kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]).
+pub const fn fwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static FwdKernel> {
+    kernel_for(FWD_KERNELS, head_dim, mask)
+}
+
+/// The backward kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]).
+pub const fn bwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static BwdKernel> {
+    kernel_for(BWD_KERNELS, head_dim, mask)
 }
 
 /// Launch resources of any registered kernel (for the ptxas report and the loader's checks).
@@ -125,25 +121,6 @@ pub struct KernelInfo {
     pub dyn_smem: [usize; ARCH_COUNT],
     /// Threads per block, per target.
     pub threads: [usize; ARCH_COUNT],
-}
-
-/// The forward kernel that runs a caller's `head_dim` under `mask`: the one with the smallest
-/// compiled head dim ≥ it; `None` for 0 and above the largest.
-pub const fn fwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static FwdKernel> {
-    let mut best: Option<&'static FwdKernel> = None;
-    let mut i = 0;
-    while i < FWD_KERNELS.len() {
-        let k = &FWD_KERNELS[i];
-        let fits = head_dim > 0 && head_dim <= k.head_dim && k.mask as u8 == mask as u8;
-        if fits {
-            best = match best {
-                Some(b) if b.head_dim <= k.head_dim => Some(b),
-                _ => Some(k),
-            };
-        }
-        i += 1;
-    }
-    best
 }
 
 /// The largest head dim any forward kernel takes.
