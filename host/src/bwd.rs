@@ -7,7 +7,7 @@ use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{FlashError, Result};
 use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
-use crate::fwd::validate::{check_dtype, input_shape};
+use crate::fwd::validate::{check_dtype, dims, input_shape};
 use crate::launch::launch;
 use crate::params::AttnParams;
 use crate::tensor::DeviceTensor;
@@ -81,8 +81,16 @@ pub fn flash_attn_backward_into<T: Element>(
 ) -> Result<()> {
     check_dtype::<T>()?;
     let shape = input_shape(q, k, v)?;
-    shape.check_backward_inputs(&dims(o, "O")?, &dims(d_o, "dO")?, &dims3(lse, "LSE")?)?;
-    shape.check_gradients(&dims(dq, "dQ")?, &dims(dk, "dK")?, &dims(dv, "dV")?)?;
+    shape.check_backward_inputs(
+        &dims(o.shape(), "O")?,
+        &dims(d_o.shape(), "dO")?,
+        &dims(lse.shape(), "LSE")?,
+    )?;
+    shape.check_gradients(
+        &dims(dq.shape(), "dQ")?,
+        &dims(dk.shape(), "dK")?,
+        &dims(dv.shape(), "dV")?,
+    )?;
     let d = shape.head_dim;
     let kernel = registry::bwd_kernel(d, MaskKind::Causal).ok_or(FlashError::HeadDim(d))?;
     let dtype = match T::DTYPE {
@@ -126,6 +134,12 @@ pub fn flash_attn_backward_into<T: Element>(
     if dq.same_buffer(dk) || dq.same_buffer(dv) || dk.same_buffer(dv) {
         return Err(FlashError::Layout(
             "dQ, dK and dV must be distinct buffers".into(),
+        ));
+    }
+
+    if lse.strides()[2] != 1 {
+        return Err(FlashError::Layout(
+            "LSE: the sequence dim must be contiguous (stride 1)".into(),
         ));
     }
 
@@ -183,11 +197,6 @@ pub fn flash_attn_backward_into<T: Element>(
             flags: if params.causal { FLAG_CAUSAL } else { 0 },
         },
     };
-    if lse.strides()[2] != 1 {
-        return Err(FlashError::Layout(
-            "LSE: the sequence dim must be contiguous (stride 1)".into(),
-        ));
-    }
     let aux_blocks = |n: usize| n.div_ceil(BWD_AUX_THREADS).clamp(1, 65_535 * 16) as u32;
     let threads = BWD_AUX_THREADS as u32;
     // SAFETY: every pointer and stride in `p` comes from live tensors whose shapes were checked
@@ -238,22 +247,4 @@ pub fn flash_attn_backward_into<T: Element>(
     }
     // The temporaries are freed in stream order, after the launches that use them.
     Ok(())
-}
-
-fn dims<T: Element>(t: &DeviceTensor<T>, name: &str) -> Result<[usize; 4]> {
-    t.shape().try_into().map_err(|_| {
-        FlashError::Shape(format!(
-            "{name} must have rank 4, got shape {:?}",
-            t.shape()
-        ))
-    })
-}
-
-fn dims3(t: &DeviceTensor<f32>, name: &str) -> Result<[usize; 3]> {
-    t.shape().try_into().map_err(|_| {
-        FlashError::Shape(format!(
-            "{name} must have rank 3, got shape {:?}",
-            t.shape()
-        ))
-    })
 }

@@ -105,7 +105,7 @@ pub(crate) fn check_placement<T: Element>(
 }
 
 /// A tensor's shape as a fixed rank, or a [`FlashError::Shape`] naming it.
-fn dims<const R: usize>(shape: &[usize], name: &str) -> Result<[usize; R]> {
+pub(crate) fn dims<const R: usize>(shape: &[usize], name: &str) -> Result<[usize; R]> {
     shape
         .try_into()
         .map_err(|_| FlashError::Shape(format!("{name} must have rank {R}, got shape {shape:?}")))
