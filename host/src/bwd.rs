@@ -1,7 +1,7 @@
 //! The backward pass on the GPU (FlashAttention 2's backward). Launches: the pre-pass
-//! D = rowsum(dO ∘ O), the main kernel (dK, dV, and dQ into an f32 accumulator), then either
-//! the conversion of dQ to the input type ([`BwdMode::Fast`]) or the deterministic dQ kernel
-//! ([`BwdMode::Deterministic`]).
+//! D = rowsum(dO ∘ O), the main kernel (dK, dV, and dQ into f32 accumulators), then the
+//! conversion of dQ to the input type. [`BwdMode`] picks how the main kernel's blocks share
+//! the dQ accumulators.
 
 use crate::device::Device;
 use crate::dtype::{DType, Element};
@@ -16,7 +16,7 @@ use flash_attn_kernels::params::{
     BwdParams, MaskArgs, RowStatsRef, SeqDims, Strides, TensorRef, FLAG_CAUSAL,
 };
 use flash_attn_kernels::registry::{
-    self, KernelDType, MaskKind, BWD_CONVERT_KERNELS, BWD_DQ_KERNELS, BWD_PREP_KERNELS,
+    self, KernelDType, MaskKind, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS,
 };
 use std::sync::Arc;
 
@@ -28,9 +28,31 @@ pub enum BwdMode {
     /// adds, and so dQ's last bits, can change from run to run.
     #[default]
     Fast,
-    /// Bit-identical dQ, dK and dV run to run, whatever the number of blocks in flight: dQ is
-    /// computed by a second kernel that walks each query tile's key tiles in a fixed order.
+    /// Bit-identical dQ, dK and dV run to run, whatever the number of blocks in flight: the
+    /// main kernel runs a fixed number of blocks per (batch, KV head), each walking its key
+    /// tiles in a fixed order and adding into its own f32 dQ accumulator, and the conversion
+    /// sums the accumulators in order (FlashAttention 2's scheme). Costs one f32 dQ-sized
+    /// accumulator per block of a (batch, KV head); see [`deterministic_splits`].
     Deterministic,
+}
+
+/// Accumulator memory the deterministic mode aims to stay under (more splits fill the GPU
+/// better at small batch × heads, but each costs an f32 copy of dQ).
+const DETERMINISTIC_ACCUM_BUDGET: usize = 1 << 30;
+
+/// Blocks per (batch, KV head) in deterministic mode, each with its own f32 dQ accumulator:
+/// as many as fit on the SMs in one wave (`sms / (batch · heads_kv)`, rounded down: one more
+/// would start a second, mostly idle wave), at most one per key tile, and no more than keeps
+/// the accumulators within 1 GiB (at least one).
+pub fn deterministic_splits(
+    sms: usize,
+    batch_kv_heads: usize,
+    key_tiles: usize,
+    accum_bytes: usize,
+) -> usize {
+    let fill = sms / batch_kv_heads.max(1);
+    let budget = (DETERMINISTIC_ACCUM_BUDGET / accum_bytes.max(1)).max(1);
+    fill.min(key_tiles).min(budget).max(1)
 }
 
 /// Largest grid y/z extent: KV heads and batch are mapped there.
@@ -39,7 +61,7 @@ const MAX_GRID_YZ: usize = 65_535;
 /// Gradients of attention on the GPU: returns dQ `[B, Nq, Hq, d]`, dK and dV
 /// `[B, Nk, Hkv, d]` (input dtype) for the loss whose gradient with respect to O is `d_o`,
 /// given the forward's O and LSE (as [`crate::flash_attn`] returns them). GQA: dK and dV of
-/// a shared KV head are the sum over its query heads. Head dims up to 128 on the GPU for now.
+/// a shared KV head are the sum over its query heads. Head dims up to 256, as the forward.
 /// `mode` chooses between speed and bit-identical results ([`BwdMode`]).
 #[allow(clippy::too_many_arguments)]
 pub fn flash_attn_backward<T: Element>(
@@ -154,7 +176,15 @@ pub fn flash_attn_backward_into<T: Element>(
     let dv_packed = packed_output(dev, dv, padded_d)?;
     let (b, nq, hq) = (shape.batch, shape.seqlen_q, shape.heads_q);
     let delta = DeviceTensor::<f32>::uninit(dev, &[b, hq, nq])?;
-    let dq_accum = DeviceTensor::<f32>::zeros(dev, &[b, nq, hq, padded_d])?;
+    let key_tiles = shape.seqlen_k.div_ceil(tile.block_n);
+    let one_accum = b * nq * hq * padded_d;
+    let splits = match mode {
+        BwdMode::Fast => 1,
+        BwdMode::Deterministic => {
+            deterministic_splits(dev.sm_count(), b * shape.heads_kv, key_tiles, one_accum * 4)
+        }
+    };
+    let dq_accum = DeviceTensor::<f32>::zeros(dev, &[splits, b, nq, hq, padded_d])?;
     let accum_strides = dq_accum.strides();
     let p = BwdParams {
         q: operand(dev, q, &packed[0]),
@@ -168,9 +198,9 @@ pub fn flash_attn_backward_into<T: Element>(
         dq_accum: TensorRef {
             ptr: dq_accum.device_address(dev),
             strides: Strides {
-                batch: accum_strides[0] as u64,
-                row: accum_strides[1] as u64,
-                head: accum_strides[2] as u64,
+                batch: accum_strides[1] as u64,
+                row: accum_strides[2] as u64,
+                head: accum_strides[3] as u64,
             },
         },
         lse: RowStatsRef {
@@ -196,6 +226,12 @@ pub fn flash_attn_backward_into<T: Element>(
         mask: MaskArgs {
             flags: if params.causal { FLAG_CAUSAL } else { 0 },
         },
+        dq_split_stride: match mode {
+            BwdMode::Fast => 0,
+            BwdMode::Deterministic => one_accum as u64,
+        },
+        dq_splits: splits as u32,
+        reserved: 0,
     };
     let aux_blocks = |n: usize| n.div_ceil(BWD_AUX_THREADS).clamp(1, 65_535 * 16) as u32;
     let threads = BWD_AUX_THREADS as u32;
@@ -210,11 +246,13 @@ pub fn flash_attn_backward_into<T: Element>(
             0,
             p,
         )?;
-        let grid = (
-            shape.seqlen_k.div_ceil(tile.block_n) as u32,
-            shape.heads_kv as u32,
-            b as u32,
-        );
+        // Fast: one block per key tile. Deterministic: `splits` blocks, each over key tiles
+        // `x, x + splits, …` (see `BwdMode`).
+        let blocks = match mode {
+            BwdMode::Fast => key_tiles,
+            BwdMode::Deterministic => splits,
+        };
+        let grid = (blocks as u32, shape.heads_kv as u32, b as u32);
         launch(
             dev,
             kernel.name(dtype),
@@ -223,22 +261,9 @@ pub fn flash_attn_backward_into<T: Element>(
             tile.smem_bytes(),
             p,
         )?;
-        match mode {
-            BwdMode::Fast => {
-                let pairs = b * nq * hq * padded_d / 2;
-                let convert = BWD_CONVERT_KERNELS[dtype as usize];
-                launch(dev, convert, (aux_blocks(pairs), 1, 1), threads, 0, p)?;
-            }
-            BwdMode::Deterministic => {
-                let dq_kernel = registry::kernel_for(BWD_DQ_KERNELS, d, MaskKind::Causal)
-                    .ok_or(FlashError::HeadDim(d))?;
-                let dq_tile = dq_kernel.tile(dev.arch());
-                let grid = (nq.div_ceil(dq_tile.block_n) as u32, hq as u32, b as u32);
-                let smem = dq_tile.smem_bytes();
-                let threads = dq_tile.threads() as u32;
-                launch(dev, dq_kernel.name(dtype), grid, threads, smem, p)?;
-            }
-        }
+        let pairs = b * nq * hq * padded_d / 2;
+        let convert = BWD_CONVERT_KERNELS[dtype as usize];
+        launch(dev, convert, (aux_blocks(pairs), 1, 1), threads, 0, p)?;
     }
     for (out, packed) in [(&*dq, &dq_packed), (&*dk, &dk_packed), (&*dv, &dv_packed)] {
         if let Some(packed) = packed {
@@ -247,4 +272,22 @@ pub fn flash_attn_backward_into<T: Element>(
     }
     // The temporaries are freed in stream order, after the launches that use them.
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::deterministic_splits;
+
+    #[test]
+    fn deterministic_splits_fill_the_gpu_within_the_budget() {
+        // 132 SMs, 16 (batch, KV head) pairs: 8 blocks each (128 blocks, one wave).
+        assert_eq!(deterministic_splits(132, 16, 100, 1 << 20), 8);
+        // Never more blocks than key tiles, never fewer than one.
+        assert_eq!(deterministic_splits(132, 1, 3, 1 << 20), 3);
+        assert_eq!(deterministic_splits(132, 1000, 100, 1 << 20), 1);
+        assert_eq!(deterministic_splits(132, 1, 0, 1 << 20), 1);
+        // One head at N = 64K, d = 128: 32 MiB per accumulator, so 32 within 1 GiB.
+        assert_eq!(deterministic_splits(132, 1, 512, 32 << 20), 32);
+        assert_eq!(deterministic_splits(132, 1, 512, 2 << 30), 1);
+    }
 }

@@ -20,6 +20,7 @@ pub struct Device {
     arch: Arch,
     force_ptx: bool,
     max_smem_optin: usize,
+    sm_count: usize,
     loaded: Mutex<HashMap<&'static str, Loaded>>,
 }
 
@@ -65,6 +66,9 @@ impl Device {
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+            .max(1) as usize;
         let stream = ctx.new_stream()?;
         Ok(Self {
             ctx,
@@ -73,6 +77,7 @@ impl Device {
             arch,
             force_ptx,
             max_smem_optin,
+            sm_count,
             loaded: Mutex::new(HashMap::new()),
         })
     }
@@ -126,6 +131,11 @@ impl Device {
     /// The largest dynamic shared memory a block may opt in to, in bytes.
     pub fn max_shared_memory_per_block(&self) -> usize {
         self.max_smem_optin
+    }
+
+    /// Number of streaming multiprocessors.
+    pub fn sm_count(&self) -> usize {
+        self.sm_count
     }
 
     /// Kernel `name`, loaded on first use, with its dynamic shared-memory limit raised to

@@ -19,7 +19,7 @@ pub mod shape;
 pub mod tensor;
 pub mod timing;
 
-pub use bwd::{flash_attn_backward, flash_attn_backward_into, BwdMode};
+pub use bwd::{deterministic_splits, flash_attn_backward, flash_attn_backward_into, BwdMode};
 pub use device::{device_count, Device};
 pub use dtype::{DType, Element};
 pub use error::{FlashError, Result};

@@ -42,7 +42,7 @@ pub const ARCHS: [ArchInfo; ARCH_COUNT] = [
         arch: Arch::Sm90a,
         name: "sm90a",
         cpu: "sm_90a",
-        features: "+ptx80",
+        features: "+ptx81",
         sass: "sm_90a",
         ptxas_check: &[],
     },
@@ -70,6 +70,11 @@ impl Arch {
         } else {
             Arch::Sm80
         }
+    }
+
+    /// Whether the target has vector f32 reductions (`red.global.add.v2.f32`: sm_90, PTX 8.1).
+    pub const fn has_vector_red(self) -> bool {
+        matches!(self, Arch::Sm90a)
     }
 
     /// The target whose kernels run on a device of compute capability `major.minor`; `None`

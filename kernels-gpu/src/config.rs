@@ -58,29 +58,35 @@ impl FwdTile {
     }
 }
 
-/// Tile shape of one backward instantiation: a block owns `block_n` keys (16 per warp) and
-/// walks the query tiles of `block_m` rows that see them.
+/// Tile shape of one backward instantiation: a block owns `block_n` keys (16 per key warp)
+/// and walks the query tiles of `block_m` rows that see them. With `d_split > 1`, that many
+/// warps share each 16 keys, each accumulating dK and dV for `head_dim / d_split` columns
+/// (they all compute the keys' Sᵀ and dPᵀ: registers for large head dims, at the cost of
+/// recomputing two of the five products).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BwdTile {
     /// Compiled head dim.
     pub head_dim: usize,
-    /// Keys per block (`16 · warps`).
+    /// Keys per block (`16 · key_warps`).
     pub block_n: usize,
     /// Queries per step of the block's loop.
     pub block_m: usize,
-    /// Warps per block.
+    /// Warps per block (`key_warps · d_split`).
     pub warps: usize,
+    /// Warps sharing each 16 keys (each owns a slice of dK's and dV's columns).
+    pub d_split: usize,
 }
 
 impl BwdTile {
-    /// The tile for `head_dim` from the registry's `(warps, block_m)`.
-    pub const fn new(head_dim: usize, shape: (usize, usize)) -> Self {
-        let (warps, block_m) = shape;
+    /// The tile for `head_dim` from the registry's `(key_warps, d_split, block_m)`.
+    pub const fn new(head_dim: usize, shape: (usize, usize, usize)) -> Self {
+        let (key_warps, d_split, block_m) = shape;
         Self {
             head_dim,
-            block_n: warps * MMA_M,
+            block_n: key_warps * MMA_M,
             block_m,
-            warps,
+            warps: key_warps * d_split,
+            d_split,
         }
     }
 
@@ -94,26 +100,63 @@ impl BwdTile {
         self.warps * WARP_SIZE
     }
 
-    /// The 8-column dQ tiles a warp computes at a time: all of them up to d = 64, four above
-    /// (the dK and dV accumulators already hold `d` registers per thread; wider slices spill
-    /// at d = 128 on sm_90a).
+    /// Warps sharing one 16-row group of a query tile's dQ (each computes `dq_cols()` of its
+    /// columns).
+    pub const fn dq_col_groups(&self) -> usize {
+        self.warps / (self.block_m / MMA_M)
+    }
+
+    /// dQ columns per warp.
+    pub const fn dq_cols(&self) -> usize {
+        self.head_dim / self.dq_col_groups()
+    }
+
+    /// The 8-column dQ tiles a warp computes at a time: two when the dK and dV accumulators
+    /// already hold 96 or more registers per thread (`head_dim / d_split`; wider dQ slices
+    /// spill there) and the warp's slice is wider than four, else all of its `dq_cols()` up to
+    /// 64, else four.
     pub const fn dq_tiles(&self) -> usize {
-        let tiles = self.head_dim / 8;
-        if tiles > 8 {
+        let tiles = self.dq_cols() / 8;
+        if self.head_dim / self.d_split >= 96 && tiles > 4 {
+            2
+        } else if tiles > 8 {
             4
         } else {
             tiles
         }
     }
 
-    /// Dynamic shared memory in bytes: K and V `[block_n][pitch]`, Q and dO
-    /// `[block_m][pitch]`, dSᵀ `[block_n][block_m]` (16-bit), then LSE and D (`block_m` f32
-    /// each).
+    /// The 8-query tiles of dPᵀ and dSᵀ a warp computes at a time: half the query tile when
+    /// the dK and dV accumulators hold 128 or more registers per thread or the query tile has
+    /// 128 rows (Sᵀ alone holds 64), else all of it.
+    pub const fn dp_tiles(&self) -> usize {
+        if self.head_dim / self.d_split >= 128 || self.block_m >= 128 {
+            self.block_m / 16
+        } else {
+            self.block_m / 8
+        }
+    }
+
+    /// Whether the shape is one the kernel supports: query tiles of whole warps' 16 rows, at
+    /// most one 16-row dQ group per warp, dQ and dK/dV column slices of whole 16-column pairs.
+    pub const fn is_valid(&self) -> bool {
+        let row_groups = self.block_m / MMA_M;
+        self.block_m.is_multiple_of(MMA_M)
+            && row_groups > 0
+            && self.warps.is_multiple_of(row_groups)
+            && self.head_dim.is_multiple_of(16 * self.dq_col_groups())
+            && (self.dq_cols() / 8).is_multiple_of(self.dq_tiles())
+            && self.head_dim.is_multiple_of(16 * self.d_split)
+    }
+
+    /// Dynamic shared memory in bytes: K and V `[block_n][pitch]`, two buffers of Q and dO
+    /// `[block_m][pitch]` (the next query tile loads while this one is computed), dSᵀ
+    /// `[block_n][block_m]` (16-bit), then two buffers of LSE and D (`block_m` f32 each).
     pub const fn smem_bytes(&self) -> usize {
         2 * (2 * self.block_n * self.smem_pitch()
-            + 2 * self.block_m * self.smem_pitch()
+            + 4 * self.block_m * self.smem_pitch()
             + self.block_n * self.block_m)
-            + 2 * 4 * self.block_m
+            + 2 * 2 * 4 * self.block_m
     }
 }
 

@@ -141,7 +141,6 @@ macro_rules! registry {
     (
         fwd { $( $d:literal $mask:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
         bwd { $( $bd:literal $bmask:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
-        bwd_dq { $( $qd:literal $qmask:ident [$qf16:ident, $qbf16:ident] $qtiles:expr; )* }
         bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
         layout { $( $pad:ident; )* }
     ) => {
@@ -165,16 +164,6 @@ macro_rules! registry {
             },
         )*];
 
-        /// Every deterministic-dQ kernel (the deterministic backward's dQ, no atomics).
-        pub const BWD_DQ_KERNELS: &[BwdKernel] = &[$(
-            BwdKernel {
-                head_dim: $qd,
-                mask: MaskKind::$qmask,
-                names: [stringify!($qf16), stringify!($qbf16)],
-                tiles: bwd_tiles_of($qd, $qtiles),
-            },
-        )*];
-
         /// The backward's pre-pass entry points, indexed by [`KernelDType`].
         pub const BWD_PREP_KERNELS: [&str; 2] = [stringify!($prep16), stringify!($prepb16)];
 
@@ -190,10 +179,6 @@ macro_rules! registry {
             $(
                 bwd_info(stringify!($bf16_), bwd_tiles_of($bd, $btiles)),
                 bwd_info(stringify!($bbf16), bwd_tiles_of($bd, $btiles)),
-            )*
-            $(
-                bwd_info(stringify!($qf16), bwd_tiles_of($qd, $qtiles)),
-                bwd_info(stringify!($qbf16), bwd_tiles_of($qd, $qtiles)),
             )*
             aux_info(stringify!($prep16)),
             aux_info(stringify!($prepb16)),
@@ -221,10 +206,6 @@ macro_rules! registry {
             $(
                 bwd_entry!($bf16_, F16, $bmask, $bd, $btiles);
                 bwd_entry!($bbf16, Bf16, $bmask, $bd, $btiles);
-            )*
-            $(
-                bwd_dq_entry!($qf16, F16, $qmask, $qd, $qtiles);
-                bwd_dq_entry!($qbf16, Bf16, $qmask, $qd, $qtiles);
             )*
             bwd_pass_entry!($prep16, F16, bwd_prep);
             bwd_pass_entry!($prepb16, Bf16, bwd_prep);
@@ -294,39 +275,14 @@ macro_rules! bwd_entry {
                 { T.block_n },
                 { T.block_m },
                 { T.warps },
+                { T.d_split },
                 { $d / 16 },
-                { $d / 8 },
+                { $d / (8 * T.d_split) },
                 { T.block_m / 8 },
                 { T.block_n / 16 },
+                { T.dq_cols() / 8 },
                 { T.dq_tiles() },
-            >(&p)
-        }
-    };
-}
-
-/// One deterministic-dQ entry point (see `device::bwd::flash_bwd_dq`).
-#[cfg(target_arch = "nvptx64")]
-macro_rules! bwd_dq_entry {
-    ($name:ident, $elem:ident, $mask:ident, $d:literal, $tiles:expr) => {
-        /// The deterministic backward's dQ for one (dtype, head dim, mask); see `device::bwd`.
-        ///
-        /// # Safety
-        /// Launched by the host crate with the grid, block and shared memory of its tile,
-        /// after the pre-pass.
-        #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::BwdParams) {
-            const T: BwdTile = bwd_tiles_of($d, $tiles)[Arch::current().index()];
-            crate::device::bwd::flash_bwd_dq::<
-                crate::device::elem::$elem,
-                crate::mask::kind::$mask,
-                $d,
-                { T.smem_pitch() },
-                { T.block_m },
-                { T.block_n },
-                { T.warps },
-                { $d / 16 },
-                { $d / 8 },
-                { T.block_m / 8 },
+                { T.dp_tiles() },
             >(&p)
         }
     };
@@ -382,10 +338,10 @@ const fn tiles_of(
     ))
 }
 
-/// The registry's per-target `(warps, block_m)` as backward tiles.
+/// The registry's per-target `(key_warps, d_split, block_m)` as backward tiles.
 const fn bwd_tiles_of(
     head_dim: usize,
-    shapes: [(usize, usize); ARCH_COUNT],
+    shapes: [(usize, usize, usize); ARCH_COUNT],
 ) -> [BwdTile; ARCH_COUNT] {
     per_arch!(shapes, BwdTile::new(head_dim, shapes[0]), |s| BwdTile::new(
         head_dim, s
@@ -423,16 +379,11 @@ registry! {
         256 Causal [flash_fwd_f16_d256, flash_fwd_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
     bwd {
-        32 Causal [flash_bwd_f16_d32, flash_bwd_bf16_d32] [(4, 64), (4, 64)];
-        64 Causal [flash_bwd_f16_d64, flash_bwd_bf16_d64] [(4, 64), (4, 64)];
-        96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 64), (4, 64)];
-        128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 64), (4, 64)];
-    }
-    bwd_dq {
-        32 Causal [flash_bwd_dq_f16_d32, flash_bwd_dq_bf16_d32] [(4, 64), (4, 64)];
-        64 Causal [flash_bwd_dq_f16_d64, flash_bwd_dq_bf16_d64] [(4, 64), (4, 64)];
-        96 Causal [flash_bwd_dq_f16_d96, flash_bwd_dq_bf16_d96] [(4, 64), (4, 64)];
-        128 Causal [flash_bwd_dq_f16_d128, flash_bwd_dq_bf16_d128] [(4, 64), (4, 64)];
+        32 Causal [flash_bwd_f16_d32, flash_bwd_bf16_d32] [(8, 1, 64), (8, 1, 64)];
+        64 Causal [flash_bwd_f16_d64, flash_bwd_bf16_d64] [(8, 1, 64), (8, 1, 128)];
+        96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 1, 32), (4, 1, 32)];
+        128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 1, 32), (8, 1, 32)];
+        256 Causal [flash_bwd_f16_d256, flash_bwd_bf16_d256] [(2, 2, 32), (4, 2, 32)];
     }
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];
@@ -470,6 +421,25 @@ mod tests {
     }
 
     #[test]
+    fn every_backward_tile_is_valid_and_fits() {
+        // Opt-in shared memory per block: sm_86/sm_89 (the sm_80 code runs there) 99 KiB,
+        // sm_90 227 KiB.
+        let limits = [99 * 1024, 227 * 1024];
+        for k in BWD_KERNELS {
+            for (t, limit) in k.tiles.iter().zip(limits) {
+                assert_eq!(t.head_dim, k.head_dim);
+                assert!(t.is_valid(), "d={}: {t:?}", k.head_dim);
+                assert!(
+                    t.smem_bytes() <= limit,
+                    "d={}: {}",
+                    k.head_dim,
+                    t.smem_bytes()
+                );
+            }
+        }
+    }
+
+    #[test]
     fn names_follow_the_convention_and_are_unique() {
         for k in FWD_KERNELS {
             assert_eq!(
@@ -488,7 +458,7 @@ mod tests {
         assert_eq!(names.len(), ALL_KERNELS.len());
         assert_eq!(
             ALL_KERNELS.len(),
-            2 * FWD_KERNELS.len() + 2 * BWD_KERNELS.len() + 2 * BWD_DQ_KERNELS.len() + 4 + 1
+            2 * FWD_KERNELS.len() + 2 * BWD_KERNELS.len() + 4 + 1
         );
     }
 

@@ -11,6 +11,9 @@ By the row's `op` (absent: fwd): `fwd` times the forward call; `bwd` times
 the input gradients are reset to None before each call so no accumulation is timed);
 `fwd_bwd` times forward + backward per iteration. FLOPs: 4·B·H·N²·d for the forward, 2.5×
 that for bwd, 3.5× for fwd_bwd, halved for causal (FlashAttention's convention, as ours).
+Rows of our deterministic backward (`mode` = `deterministic`) get the same PyTorch numbers as
+the fast rows of that shape (timed once; PyTorch's flash backward has no deterministic mode),
+and `ratio_vs_fast`, our fast time over our deterministic time on that shape.
 
 Usage: bench_torch.py ours.json merged.json [--reps N]
 """
@@ -103,7 +106,17 @@ def main():
         ).stdout.split()[0]
     except Exception:  # no nvidia-smi: leave the driver out
         driver = None
+    key = lambda r: (r.get("op", "fwd"), r["dtype"], r["b"], r["n"], r["h"], r["d"], r["causal"])
+    timed = {}
+    fast_ms = {key(r): r["ours_ms"] for r in rows if r.get("mode", "fast") == "fast"}
     for row in rows:
+        if key(row) in timed:
+            row.update(timed[key(row)])
+            flash = row.get("torch_flash_tflops")
+            row["ratio_vs_flash"] = row["ours_tflops"] / flash if flash else None
+            if key(row) in fast_ms:
+                row["ratio_vs_fast"] = fast_ms[key(row)] / row["ours_ms"]
+            continue
         b, n, h, d = row["b"], row["n"], row["h"], row["d"]
         dt = dtypes[row["dtype"]]
         q, k, v = (
@@ -139,16 +152,19 @@ def main():
         row["torch_version"] = torch.__version__
         if driver and not row.get("driver"):
             row["driver"] = driver
+        timed[key(row)] = {k: v for k, v in row.items() if k.startswith("torch_") or k == "driver"}
+        if row.get("mode", "fast") != "fast" and key(row) in fast_ms:
+            row["ratio_vs_fast"] = fast_ms[key(row)] / row["ours_ms"]
         del q, k, v, grad
         torch.cuda.empty_cache()
     json.dump(rows, open(dst, "w"), indent=1)
-    hdr = f"{'op':<7} {'dtype':<5} {'d':>4} {'n':>6} {'causal':<6} {'ours':>7} {'flash':>7} {'cudnn':>7} {'effic':>7} {'ours/flash':>10}"
+    hdr = f"{'op':<7} {'mode':<5} {'dtype':<5} {'d':>4} {'n':>6} {'causal':<6} {'ours':>7} {'flash':>7} {'cudnn':>7} {'effic':>7} {'ours/flash':>10}"
     print(hdr)
     fmt = lambda x: f"{x:7.1f}" if x is not None else "    n/a"
     for r in rows:
         ratio = f"{r['ratio_vs_flash']:10.2f}" if r["ratio_vs_flash"] else "       n/a"
         print(
-            f"{r.get('op', 'fwd'):<7} {r['dtype']:<5} {r['d']:>4} {r['n']:>6} {str(r['causal']):<6} {fmt(r['ours_tflops'])}"
+            f"{r.get('op', 'fwd'):<7} {r.get('mode', 'fast')[:5]:<5} {r['dtype']:<5} {r['d']:>4} {r['n']:>6} {str(r['causal']):<6} {fmt(r['ours_tflops'])}"
             f" {fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])} {ratio}"
         )
 

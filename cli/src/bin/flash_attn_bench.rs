@@ -4,8 +4,10 @@
 //! and writes JSON rows; `xtask/scripts/bench_torch.py` adds PyTorch SDPA's numbers measured in
 //! the same run on the same device.
 //!
-//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all] [--quick] [--reps N]
-//! [--d D] [--n N] [--dtype f16|bf16] [--causal true|false]` (the last four restrict the sweep,
+//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all]
+//! [--mode fast|deterministic|both] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
+//! [--causal true|false]` (`--mode`: the backward mode of the `bwd` and `fwd_bwd` rows, their
+//! `mode` key; the last four restrict the sweep,
 //! e.g. for a profiler). Exit status: 0 on success, 1 on an error, 2 when there is no GPU.
 //!
 //! FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·N²·d, backward 2.5× that,
@@ -66,6 +68,7 @@ impl Op {
 
 struct Row {
     op: Op,
+    mode: BwdMode,
     dtype: &'static str,
     d: usize,
     b: usize,
@@ -104,7 +107,7 @@ struct Filter {
 fn bench_dtype<T: Element>(
     dev: &Device,
     name: &'static str,
-    ops: &[Op],
+    ops: &[(Op, BwdMode)],
     filter: &Filter,
     ns: &[usize],
     reps: usize,
@@ -125,7 +128,7 @@ fn bench_dtype<T: Element>(
         let o = DeviceTensor::<T>::from_host(dev, &[total], &vec![T::default(); total])?;
         let (mut q, mut k, mut v, mut o) = (q, k, v, o);
         // Backward buffers, only when a backward op is asked for (64 MiB each at 16K × 2048).
-        let backward = ops.iter().any(|&op| op != Op::Fwd);
+        let backward = ops.iter().any(|&(op, _)| op != Op::Fwd);
         let mut grads = if backward {
             let zeros = vec![T::default(); total];
             Some([
@@ -165,7 +168,7 @@ fn bench_dtype<T: Element>(
                     causal,
                     softmax_scale: None,
                 };
-                for &op in ops {
+                for &(op, mode) in ops {
                     let times = match (op, grads.as_mut()) {
                         (Op::Fwd, _) => time_ms(dev, 3, reps, || {
                             flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
@@ -175,42 +178,21 @@ fn bench_dtype<T: Element>(
                             flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)?;
                             time_ms(dev, 3, reps, || {
                                 flash_attn_backward_into(
-                                    dev,
-                                    &q,
-                                    &k,
-                                    &v,
-                                    &o,
-                                    d_o,
-                                    &lse,
-                                    &params,
-                                    BwdMode::Fast,
-                                    dq,
-                                    dk,
-                                    dv,
+                                    dev, &q, &k, &v, &o, d_o, &lse, &params, mode, dq, dk, dv,
                                 )
                             })?
                         }
                         (Op::FwdBwd, Some([d_o, dq, dk, dv])) => time_ms(dev, 3, reps, || {
                             flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)?;
                             flash_attn_backward_into(
-                                dev,
-                                &q,
-                                &k,
-                                &v,
-                                &o,
-                                d_o,
-                                &lse,
-                                &params,
-                                BwdMode::Fast,
-                                dq,
-                                dk,
-                                dv,
+                                dev, &q, &k, &v, &o, d_o, &lse, &params, mode, dq, dk, dv,
                             )
                         })?,
                         (_, None) => unreachable!("backward buffers exist for backward ops"),
                     };
                     let row = Row {
                         op,
+                        mode,
                         dtype: name,
                         d,
                         b,
@@ -220,8 +202,9 @@ fn bench_dtype<T: Element>(
                         ms: median(&times),
                     };
                     eprintln!(
-                        "{:<7} {:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s",
+                        "{:<7} {:<5} {:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s",
                         op.name(),
+                        mode_name(mode),
                         name,
                         d,
                         b,
@@ -252,6 +235,10 @@ struct Args {
     #[arg(long, value_name = "OP", default_value = "fwd",
           value_parser = ["fwd", "bwd", "fwd_bwd", "all"])]
     op: String,
+    /// Backward mode(s) of the `bwd` and `fwd_bwd` rows: `fast`, `deterministic` or `both`
+    #[arg(long, value_name = "MODE", default_value = "fast",
+          value_parser = ["fast", "deterministic", "both"])]
+    mode: String,
     /// N in {1K, 4K} only
     #[arg(long)]
     quick: bool,
@@ -272,6 +259,14 @@ struct Args {
     causal: Option<bool>,
 }
 
+/// The `mode` key of the JSON rows (`fast` for forward rows).
+fn mode_name(mode: BwdMode) -> &'static str {
+    match mode {
+        BwdMode::Fast => "fast",
+        BwdMode::Deterministic => "deterministic",
+    }
+}
+
 fn main() {
     // Exit status 2 means "no GPU" to `cargo xtask bench`, so a bad command line (clap's
     // default status is 2) exits 1.
@@ -280,7 +275,23 @@ fn main() {
         std::process::exit(if e.use_stderr() { 1 } else { 0 });
     });
     let (out, reps, quick) = (args.out, args.reps, args.quick);
-    let ops = Op::parse_list(&args.op);
+    let modes = match args.mode.as_str() {
+        "deterministic" => vec![BwdMode::Deterministic],
+        "both" => vec![BwdMode::Fast, BwdMode::Deterministic],
+        _ => vec![BwdMode::Fast],
+    };
+    // (op, backward mode) per row; forward rows have no mode (recorded as `fast`).
+    let ops: Vec<(Op, BwdMode)> = Op::parse_list(&args.op)
+        .into_iter()
+        .flat_map(|op| {
+            let op_modes = if op == Op::Fwd {
+                &modes[..1]
+            } else {
+                &modes[..]
+            };
+            op_modes.iter().map(move |&m| (op, m)).collect::<Vec<_>>()
+        })
+        .collect();
     let filter = Filter {
         d: args.d,
         n: args.n,
@@ -312,7 +323,7 @@ fn main() {
         .iter()
         .map(|r| {
             serde_json::json!({
-                "op": r.op.name(), "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
+                "op": r.op.name(), "mode": mode_name(r.mode), "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
                 "causal": r.causal, "ours_ms": r.ms, "ours_tflops": r.tflops(),
                 "device": device, "date": date, "ptx_arch": dev.ptx_arch(),
             })

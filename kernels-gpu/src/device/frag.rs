@@ -143,6 +143,68 @@ impl<const MT: usize> RowVec<f32, MT> {
     }
 }
 
+/// A register tile that can be the A operand of an `mma` (its accumulator layout is the A
+/// layout): [`AccTile`] (rounded to `E` on the fly) or [`PackedTile`].
+pub trait RegFragments<const MT: usize> {
+    /// The A fragment (16 × 16, element type `E`) of n-tiles `2·kk`, `2·kk + 1` of m-tile `mt`.
+    ///
+    /// # Safety
+    /// Always safe to execute (conversion instructions).
+    unsafe fn a_fragment<E: Elem>(&self, mt: usize, kk: usize) -> [u32; 4];
+}
+
+/// A warp's `16·MT × 8·NT` tile rounded to 16-bit pairs, in the accumulator layout: half the
+/// registers of an [`AccTile`], for operands kept live across a product (P, dS).
+#[derive(Clone, Copy)]
+pub struct PackedTile<const MT: usize, const NT: usize>([[[u32; 2]; NT]; MT]);
+
+impl<const MT: usize, const NT: usize> PackedTile<MT, NT> {
+    /// `acc` rounded to `E`.
+    ///
+    /// # Safety
+    /// Always safe to execute.
+    #[inline(always)]
+    pub unsafe fn pack<E: Elem>(acc: &AccTile<MT, NT>) -> Self {
+        Self(core::array::from_fn(|mt| {
+            core::array::from_fn(|nt| {
+                let t = &acc.0[mt][nt];
+                [E::pack(t[0], t[1]), E::pack(t[2], t[3])]
+            })
+        }))
+    }
+
+    /// The f32 value at m-tile `mt`, row half `r`, n-tile `nt`, column half `c`.
+    ///
+    /// # Safety
+    /// Always safe to execute.
+    #[inline(always)]
+    pub unsafe fn get<E: Elem>(&self, mt: usize, r: usize, nt: usize, c: usize) -> f32 {
+        E::to_f32((self.0[mt][nt][r] >> (16 * c)) as u16)
+    }
+
+    /// The two adjacent elements of row half `r`, n-tile `nt` of m-tile `mt`, packed (low
+    /// half first), for a 4-byte store.
+    #[inline(always)]
+    pub fn pair(&self, mt: usize, r: usize, nt: usize) -> u32 {
+        self.0[mt][nt][r]
+    }
+}
+
+impl<const MT: usize, const NT: usize> RegFragments<MT> for PackedTile<MT, NT> {
+    #[inline(always)]
+    unsafe fn a_fragment<E: Elem>(&self, mt: usize, kk: usize) -> [u32; 4] {
+        let (s0, s1) = (&self.0[mt][2 * kk], &self.0[mt][2 * kk + 1]);
+        [s0[0], s0[1], s1[0], s1[1]]
+    }
+}
+
+impl<const MT: usize, const NT: usize> RegFragments<MT> for AccTile<MT, NT> {
+    #[inline(always)]
+    unsafe fn a_fragment<E: Elem>(&self, mt: usize, kk: usize) -> [u32; 4] {
+        AccTile::a_fragment::<E>(self, mt, kk)
+    }
+}
+
 /// A warp's `16·MT × 8·NT` f32 accumulator tile (the thread's share of it).
 #[derive(Clone, Copy)]
 pub struct AccTile<const MT: usize, const NT: usize>([[[f32; TILE_ELEMS]; NT]; MT]);
@@ -232,12 +294,6 @@ impl<const MT: usize, const NT: usize> AccTile<MT, NT> {
             E::pack(s1[0], s1[1]),
             E::pack(s1[2], s1[3]),
         ]
-    }
-
-    /// The element at m-tile `mt`, row half `r`, n-tile `nt`, column half `c`.
-    #[inline(always)]
-    pub fn get(&self, mt: usize, r: usize, nt: usize, c: usize) -> f32 {
-        self.0[mt][nt][2 * r + c]
     }
 
     /// The two values of row half `r`, n-tile `nt` of m-tile `mt` (adjacent columns), for a

@@ -3,7 +3,7 @@
 //! or V fragment read from shared memory feeds the warp's `MT` m-tiles.
 
 use super::elem::Elem;
-use super::frag::AccTile;
+use super::frag::{AccTile, RegFragments};
 use super::tile::{LaneOffsets, SmemTile};
 
 /// Where the A operand of [`mma_abt`] comes from (registers or shared memory).
@@ -45,9 +45,11 @@ pub unsafe fn mma_abt<
     }
 }
 
-/// `acc += P·B` where P is a register tile (converted to `E`: the accumulator layout of two
-/// adjacent n-tiles is one A fragment, so P never leaves registers) and `b` is stored `[k][n]`
-/// (V, for `O += P·V`).
+/// `acc += P·B[:, 16·np0 ..]` where P is a `16·MT × 8·NT` register tile (an [`AccTile`]
+/// converted to `E`, or a [`super::frag::PackedTile`]: the accumulator layout of two adjacent
+/// n-tiles is one A fragment, so P never leaves registers) and `b` is
+/// stored `[k][n]` (V, for `O += P·V`); `acc` covers `DT` 8-column tiles of B's columns from
+/// column pair `np0`.
 ///
 /// # Safety
 /// As [`mma_abt`].
@@ -61,14 +63,15 @@ pub unsafe fn mma_pb<
     const PITCH: usize,
 >(
     acc: &mut AccTile<MT, DT>,
-    p: &AccTile<MT, NT>,
+    p: &impl RegFragments<MT>,
     b: SmemTile<ROWS, PITCH>,
     lanes: &LaneOffsets,
+    np0: usize,
 ) {
     for ks in 0..NT / 2 {
         let a: [[u32; 4]; MT] = core::array::from_fn(|mt| p.a_fragment::<E>(mt, ks));
         for dp in 0..DT / 2 {
-            let b = b.load_b_pair_kn(lanes, ks, dp);
+            let b = b.load_b_pair_kn(lanes, ks, np0 + dp);
             for (mt, a) in a.iter().enumerate() {
                 acc.mma_pair::<E>(mt, dp, *a, b);
             }

@@ -154,6 +154,35 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
         )
     }
 
+    /// The same tile from row `row0` on (a multiple of 8, so the swizzle pattern is
+    /// unchanged): a view for products over a slice of the rows.
+    #[inline(always)]
+    pub fn rows_from(self, row0: usize) -> Self {
+        Self {
+            base: self.base + (row0 * PITCH * 2) as u32,
+        }
+    }
+
+    /// The tile and lane offsets with which [`SmemTile::load_b_pair_kn`] reads column pair
+    /// `pair0 + np` at `np`, for a warp's column slice of `slice_pairs` pairs starting at the
+    /// run-time `pair0` (a multiple of `slice_pairs`). Slices of whole swizzle groups (4
+    /// pairs) only move the tile's base; narrower ones rotate the lane offsets
+    /// ([`LaneOffsets::shifted_cols`], four more registers).
+    #[inline(always)]
+    pub fn kn_slice(
+        self,
+        lanes: &LaneOffsets,
+        pair0: usize,
+        slice_pairs: usize,
+    ) -> (Self, LaneOffsets) {
+        if slice_pairs % 4 == 0 || pair0 == 0 {
+            let base = self.base + chunk_offset(PITCH, 0, 2 * pair0) as u32;
+            (Self { base }, *lanes)
+        } else {
+            (self, lanes.shifted_cols::<PITCH>(pair0))
+        }
+    }
+
     /// Stores two adjacent 16-bit elements (`bits`, low half first) at row `row`, columns
     /// `col` and `col + 1` (`col` even).
     ///
@@ -205,6 +234,9 @@ pub struct LaneOffsets {
     /// Pattern `b`'s row and chunk parity (for [`LaneOffsets::b_at`]).
     b_row: u32,
     b_parity: u32,
+    /// Pattern `a`'s row and chunk parity (for [`LaneOffsets::shifted_cols`]).
+    a_row: u32,
+    a_parity: u32,
 }
 
 impl LaneOffsets {
@@ -221,6 +253,8 @@ impl LaneOffsets {
             b: part((mat >> 1) * 8 + lane % 8, mat & 1),
             b_row: ((mat >> 1) * 8 + lane % 8) as u32,
             b_parity: (mat & 1) as u32,
+            a_row: ((mat & 1) * 8 + lane % 8) as u32,
+            a_parity: (mat >> 1) as u32,
         }
     }
 
@@ -230,8 +264,24 @@ impl LaneOffsets {
         Self {
             a: self.a.map(|x| ptx::opaque_u32(x)),
             b: self.b.map(|x| ptx::opaque_u32(x)),
-            b_row: self.b_row,
-            b_parity: self.b_parity,
+            ..self
+        }
+    }
+
+    /// Offsets for reading B operands stored `[k][n]` ([`SmemTile::load_b_pair_kn`]) from
+    /// column pair `c2_0` on, a run-time value (a warp's column slice): pattern `a` for column
+    /// pairs `c2_0 .. c2_0 + 4`, each with its whole swizzle rows (`c2 / 4`) folded in, so the
+    /// loads of column pair `c2_0 + np` keep `np` a compile-time value. Only for those loads:
+    /// A operands ([`SmemTile::load_a`]) need the unshifted offsets.
+    #[inline(always)]
+    pub fn shifted_cols<const PITCH: usize>(self, c2_0: usize) -> Self {
+        let (row, parity) = (self.a_row as usize, self.a_parity as usize);
+        Self {
+            a: core::array::from_fn(|j| {
+                let (lane, whole) = split_offset(PITCH, row, parity, 0, c2_0 + j);
+                (lane + whole) as u32
+            }),
+            ..self
         }
     }
 

@@ -6,8 +6,10 @@ use super::{MaskArgs, RowStatsRef, SeqDims, TensorRef};
 ///
 /// Q, O, dO and dQ are `[batch, seqlen_q, heads_q, head_dim]`; K, V, dK and dV are
 /// `[batch, seqlen_k, heads_kv, head_dim]`, all 16-bit. LSE and D (= rowsum(dO ∘ O)) are f32
-/// `[batch, heads_q, seqlen_q]`. `dq_accum` is an f32 `[batch, seqlen_q, heads_q, head_dim]`
-/// accumulator (strides in f32 elements) that must be zero before the main kernel.
+/// `[batch, heads_q, seqlen_q]`. `dq_accum` is `dq_splits` f32 `[batch, seqlen_q, heads_q,
+/// head_dim]` accumulators, `dq_split_stride` elements apart (strides in f32 elements), that
+/// must be zero before the main kernel: block `x` of the main kernel adds into accumulator
+/// `x` (all into the first when the stride is 0), and the conversion sums them in order.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BwdParams {
@@ -27,7 +29,7 @@ pub struct BwdParams {
     pub dk: TensorRef,
     /// dV (written by the main kernel).
     pub dv: TensorRef,
-    /// f32 dQ accumulator (atomic adds of the main kernel).
+    /// f32 dQ accumulators (atomic adds of the main kernel).
     pub dq_accum: TensorRef,
     /// The forward's log-sum-exp (natural log).
     pub lse: RowStatsRef,
@@ -41,8 +43,14 @@ pub struct BwdParams {
     pub scale: f32,
     /// Mask arguments.
     pub mask: MaskArgs,
+    /// f32 elements between two dQ accumulators; 0: every block adds into the first.
+    pub dq_split_stride: u64,
+    /// Number of dQ accumulators the conversion sums (1 in fast mode).
+    pub dq_splits: u32,
+    /// Keeps the size a multiple of 8 bytes.
+    pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<BwdParams>() == 9 * 32 + 2 * 24 + 24 + 16);
+const _: () = assert!(core::mem::size_of::<BwdParams>() == 9 * 32 + 2 * 24 + 24 + 16 + 16);
 const _: () = assert!(core::mem::offset_of!(BwdParams, lse) == 288);
 const _: () = assert!(core::mem::offset_of!(BwdParams, dims) == 336);

@@ -1,41 +1,46 @@
 //! Backward attention: FlashAttention 2's backward (the FlashAttention paper's Algorithm 4 with
 //! the dot(dO, O) pre-pass), key tiles outside, query tiles inside.
 //!
-//! One block owns `BN = 16·WARPS` keys of one (KV head, batch) and walks, for every query head
-//! of its group (GQA), the query tiles of `BM = 16·WARPS` rows that see those keys:
+//! A block of `WARPS` warps owns `BN = 16·KEY_WARPS` keys of one (KV head, batch) at a time
+//! and walks, for every query head of its group (GQA), the query tiles of `BM` rows that see
+//! those keys. Key warp `w % KEY_WARPS` holds 16 keys; with `D_SPLIT > 1`, `D_SPLIT` warps
+//! share those keys and each accumulates `D / D_SPLIT` columns of dK and dV.
 //!
 //! ```text
-//! load Kⱼ, Vⱼ                                   global → shared, once
-//! dKⱼ = dVⱼ = 0                                 registers (each warp: its 16 keys × D)
-//! for each query head h of the group, each query tile i that sees tile j:
-//!     load Qᵢ, dOᵢ; LSEᵢ·log2 e and Dᵢ          shared (rows past the sequence or with
-//!                                               LSE = −∞ get an infinite LSE: P = 0)
+//! load Kⱼ, Vⱼ                                   global → shared, once per key tile
+//! dKⱼ = dVⱼ = 0                                 registers
+//! start loading query tile 0: Q, dO, LSE, D     cp.async into buffer 0
+//! for each query tile i (every query head of the group) that sees tile j:
+//!     wait for tile i; bar.sync                 (A) tile i visible; tile i−1 finished
+//!     start loading tile i+1                    cp.async into the other buffer
 //!     Sᵀ = Kⱼ·Qᵢᵀ                               mma.sync, f32; per warp 16 keys × BM queries
 //!     Pᵀ = 2^(c·Sᵀ − LSE·log2 e)                masked scores are 0 before the exponential
 //!     dVⱼ += Pᵀ·dOᵢ                             Pᵀ straight from registers
 //!     dPᵀ = Vⱼ·dOᵢᵀ;  dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢ)
 //!     dKⱼ += dSᵀ·Qᵢ                             dSᵀ straight from registers
-//!     dSᵀ → shared; bar.sync
-//!     dQᵢ += scale·dS·Kⱼ                        each warp 16 query rows; f32 atomic adds
-//!     bar.sync
+//!     dSᵀ → shared; bar.sync                    (B)
+//!     dQᵢ += scale·dS·Kⱼ                        16 query rows × a column slice per warp;
+//!                                               f32 atomic adds into the block's accumulator
 //! write scale·dKⱼ and dVⱼ
 //! ```
 //!
-//! Shared memory (see [`crate::config::BwdTile::smem_bytes`]): K, V `[BN][PITCH]`, Q, dO
-//! `[BM][PITCH]`, dSᵀ `[BN][BM]` (all swizzled, 16-bit), LSE and D `[BM]` f32. Registers per
-//! thread: dK and dV `D/2` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, a dQ slice of
-//! `DQ_TILES·4` f32.
-//! Sync points: two `bar.sync` per query tile (after its loads, after dSᵀ is in shared memory)
-//! and one before the next tile's loads overwrite shared memory.
+//! Blocks take key tiles `blockIdx.x`, `+ gridDim.x`, …: in fast mode one each, all adding
+//! into one dQ accumulator; in deterministic mode each block adds into its own accumulator
+//! (`BwdParams::dq_split_stride`), each dQ element always from the same thread in the same
+//! order, and the conversion kernel sums the accumulators in a fixed order.
+//!
+//! Shared memory (see [`crate::config::BwdTile::smem_bytes`]): K, V `[BN][PITCH]`, two
+//! buffers of Q, dO `[BM][PITCH]`, dSᵀ `[BN][BM]` (all swizzled, 16-bit), two buffers of LSE
+//! and D `[BM]` f32. Registers per thread: dK and dV `D/(2·D_SPLIT)` f32 each, Sᵀ/Pᵀ and
+//! dPᵀ/dSᵀ `BM/2` f32 each, a dQ slice of `DQ_TILES·4` f32.
+//! Sync points: two `bar.sync` per query tile, (A) and (B) above; one between key tiles.
 
-mod dq;
 mod passes;
 
-pub use dq::flash_bwd_dq;
 pub use passes::{bwd_convert_dq, bwd_prep};
 
 use super::elem::Elem;
-use super::frag::{AccTile, FragPos, ThreadPos};
+use super::frag::{AccTile, FragPos, PackedTile, ThreadPos};
 use super::gemm::{mma_ab, mma_abt, mma_pb, SmemCols, SmemRows};
 use super::ptx;
 use super::tile::{LaneOffsets, SmemTile};
@@ -49,15 +54,19 @@ pub(super) const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
 /// The backward kernel body for any mask type `M`; see the module docs. Const parameters: `D`
 /// compiled head dim, `PITCH` shared row length of the Q/K/V/dO tiles, `BN` keys per block,
-/// `BM` queries per step, `WARPS`, and the derived counts `K_STEPS = D/16`, `D_TILES = D/8`,
-/// `Q_TILES = BM/8`, `KEY_STEPS = BN/16`, and `DQ_TILES`, the 8-column tiles of dQ computed
-/// at a time (fewer than `D_TILES` keeps registers for d > 64; passed by the registry,
-/// checked here).
+/// `BM` queries per step, `WARPS`, `D_SPLIT` warps per 16 keys, and the derived counts
+/// `K_STEPS = D/16`, `DKV_TILES = D/(8·D_SPLIT)` (a warp's dK/dV columns in 8-column tiles),
+/// `Q_TILES = BM/8`, `KEY_STEPS = BN/16`, `DQ_COL_TILES` (a warp's dQ columns in 8-column
+/// tiles) and `DQ_TILES`, the 8-column tiles of dQ computed at a time (fewer than
+/// `DQ_COL_TILES` keeps registers for large head dims), and `DP_TILES`, the 8-query column
+/// tiles of dPᵀ/dSᵀ computed at a time. All are passed by the registry from
+/// one [`crate::config::BwdTile`] and checked here.
 ///
 /// # Safety
-/// Launched with grid `(ceil(seqlen_k / BN), heads_kv, batch)`, `32·WARPS` threads and
+/// Launched with grid `(blocks, heads_kv, batch)`, `32·WARPS` threads and
 /// `BwdTile::smem_bytes()` bytes of dynamic shared memory, after the pre-pass wrote D and with
-/// `dq_accum` zeroed, on parameters the host validated.
+/// the dQ accumulators zeroed, on parameters the host validated; in deterministic mode with
+/// `blocks` accumulators.
 #[inline(always)]
 pub unsafe fn flash_bwd<
     E: Elem,
@@ -67,34 +76,100 @@ pub unsafe fn flash_bwd<
     const BN: usize,
     const BM: usize,
     const WARPS: usize,
+    const D_SPLIT: usize,
     const K_STEPS: usize,
-    const D_TILES: usize,
+    const DKV_TILES: usize,
     const Q_TILES: usize,
     const KEY_STEPS: usize,
+    const DQ_COL_TILES: usize,
     const DQ_TILES: usize,
+    const DP_TILES: usize,
 >(
     p: &BwdParams,
 ) {
     const {
-        assert!(K_STEPS * 16 == D && D_TILES * 8 == D && Q_TILES * 8 == BM && KEY_STEPS * 16 == BN);
-        assert!(D_TILES % DQ_TILES == 0 && DQ_TILES % 2 == 0);
-        assert!(BN == WARPS * MMA_M && BM == WARPS * MMA_M && PITCH >= D);
+        assert!(K_STEPS * 16 == D && DKV_TILES * 8 * D_SPLIT == D && DKV_TILES % 2 == 0);
+        assert!(Q_TILES * 8 == BM && KEY_STEPS * 16 == BN && BN * D_SPLIT == WARPS * MMA_M);
+        assert!(BM % MMA_M == 0 && WARPS % (BM / MMA_M) == 0 && PITCH >= D);
+        assert!(DQ_COL_TILES * 8 * (WARPS / (BM / MMA_M)) == D);
+        assert!(DQ_COL_TILES % DQ_TILES == 0 && DQ_TILES % 2 == 0);
+        assert!(Q_TILES % DP_TILES == 0 && DP_TILES % 2 == 0);
     };
+    let (split, kv_head, batch) = ptx::ctaid();
+    let tiles = p.dims.seqlen_k.div_ceil(BN as u32);
+    let dq_accum = (p.dq_accum.ptr as *mut f32).add((split as u64 * p.dq_split_stride) as usize);
+    let mut n = split;
+    while n < tiles {
+        if n != split {
+            ptx::bar_sync(); // every warp is done with the previous key tile's shared memory
+        }
+        key_tile::<
+            E,
+            M,
+            D,
+            PITCH,
+            BN,
+            BM,
+            WARPS,
+            D_SPLIT,
+            K_STEPS,
+            DKV_TILES,
+            Q_TILES,
+            KEY_STEPS,
+            DQ_COL_TILES,
+            DQ_TILES,
+            DP_TILES,
+        >(p, n, kv_head, batch, dq_accum);
+        n += ptx::nctaid_x();
+    }
+}
+
+/// One key tile `n` of the block: the loop of the module docs.
+#[inline(always)]
+unsafe fn key_tile<
+    E: Elem,
+    M: AttnMask,
+    const D: usize,
+    const PITCH: usize,
+    const BN: usize,
+    const BM: usize,
+    const WARPS: usize,
+    const D_SPLIT: usize,
+    const K_STEPS: usize,
+    const DKV_TILES: usize,
+    const Q_TILES: usize,
+    const KEY_STEPS: usize,
+    const DQ_COL_TILES: usize,
+    const DQ_TILES: usize,
+    const DP_TILES: usize,
+>(
+    p: &BwdParams,
+    n: u32,
+    kv_head: u32,
+    batch: u32,
+    dq_accum: *mut f32,
+) {
     let me = ThreadPos::current();
-    let (n, kv_head, batch) = ptx::ctaid();
     let dims = &p.dims;
-    let (key0, group) = (n * BN as u32, dims.heads_q / dims.heads_kv);
-    let warp_k0 = me.warp as usize * MMA_M; // the warp's keys (and, for dQ, its query rows)
-    let smem = BwdSmem::<BN, BM, PITCH>::at(ptx::dyn_smem_base());
-    let block_of = |head| BlockInfo {
-        batch,
-        head,
-        kv_head,
-        row0: 0,
-        seqlen_q: dims.seqlen_q,
-        seqlen_k: dims.seqlen_k,
+    let key_warps = BN / MMA_M;
+    let key0 = n * BN as u32;
+    // The warp's keys, and its slice of dK/dV columns (in column pairs).
+    let warp_k0 = (me.warp as usize % key_warps) * MMA_M;
+    let dkv_pair0 = if D_SPLIT == 1 {
+        0
+    } else {
+        (me.warp as usize / key_warps) * DKV_TILES / 2
     };
-    let kv_block = block_of(kv_head * group);
+    // The warp's dQ rows and column slice.
+    let row_groups = BM / MMA_M;
+    let dq_r0 = (me.warp as usize % row_groups) * MMA_M;
+    let dq_pair0 = if WARPS == row_groups {
+        0
+    } else {
+        (me.warp as usize / row_groups) * DQ_COL_TILES / 2
+    };
+    let smem = BwdSmem::<BN, BM, PITCH>::at(ptx::dyn_smem_base());
+    let kv_block = block_for(p, batch, kv_head, kv_head * (dims.heads_q / dims.heads_kv));
     let k_src = (p.k.ptr as *const u16).add(kv_block.key_offset(&p.k, key0) as usize);
     let v_src = (p.v.ptr as *const u16).add(kv_block.key_offset(&p.v, key0) as usize);
     let keys_left = dims.seqlen_k - key0;
@@ -102,93 +177,116 @@ pub unsafe fn flash_bwd<
         .load_async::<D, WARPS>(k_src, p.k.strides.row, keys_left, dims.head_dim, me.tid);
     smem.v
         .load_async::<D, WARPS>(v_src, p.v.strides.row, keys_left, dims.head_dim, me.tid);
+    let mut cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, None, n);
+    if let Some((head, i)) = cur {
+        smem.load_query_tile::<D, WARPS>(p, &block_for(p, batch, kv_head, head), i, 0, me.tid);
+    }
     ptx::cp_async_commit_group();
     let lanes = LaneOffsets::new::<PITCH>(me.lane);
     let ds_lanes = LaneOffsets::new::<BM>(me.lane);
     let pos = FragPos::of(me.lane);
-    let mut dk = AccTile::<1, D_TILES>::zero(); // dKⱼ: 16 keys × D per warp
-    let mut dv = AccTile::<1, D_TILES>::zero(); // dVⱼ
-    for head in kv_head * group..(kv_head + 1) * group {
-        let block = block_of(head);
+    let mut dk = AccTile::<1, DKV_TILES>::zero(); // the warp's 16 keys × its dK columns
+    let mut dv = AccTile::<1, DKV_TILES>::zero();
+    let mut buf = 0;
+    while let Some((head, i)) = cur {
+        let block = block_for(p, batch, kv_head, head);
+        let row0 = i * BM as u32;
+        ptx::cp_async_wait_group::<0>();
+        smem.finish_stats(buf, row0, dims.seqlen_q, me.tid);
+        ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
+                         // `next` is looked up again at the end rather than kept live through the step.
+        if let Some((h, i)) = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n) {
+            let next_block = block_for(p, batch, kv_head, h);
+            smem.load_query_tile::<D, WARPS>(p, &next_block, i, buf ^ 1, me.tid);
+            ptx::cp_async_commit_group();
+        }
+        let (q, d_o) = (smem.q(buf), smem.d_o(buf));
         let mask = M::new(&p.mask, &block);
-        for i in 0..dims.seqlen_q.div_ceil(BM as u32) {
-            let row0 = i * BM as u32;
-            if !mask.visits_key_tile(row0, BM as u32, n, BN as u32) {
-                continue;
-            }
-            smem.load_query_tile::<E, D, WARPS>(p, &block, row0, me.tid);
-            ptx::bar_sync(); // Qᵢ, dOᵢ, LSE, D (and Kⱼ, Vⱼ) visible to every warp
-            let step_lanes = lanes.step_local();
-            let pos_s = FragPos::of(ptx::opaque_u32(me.lane));
-            let warp_keys = |tile| SmemRows { tile, m0: warp_k0 };
-            // Sᵀ = Kⱼ·Qᵢᵀ, then Pᵀ (masked before the exponential).
-            let mut pt = AccTile::<1, Q_TILES>::zero();
-            mma_abt::<E, 1, Q_TILES, K_STEPS, BM, PITCH>(
-                &mut pt,
-                &warp_keys(smem.k),
-                smem.q,
-                &step_lanes,
-            );
-            let masked = mask.tile_needs_mask(row0, BM as u32, n, BN as u32);
-            pt.for_each_mut(|_, r, nt, c, x| {
-                let (key, col) = (key0 + (warp_k0 as u32) + pos_s.row(0, r), pos_s.col(nt, c));
-                let keep = !masked || mask.visible(row0 + col, key);
-                let lse2 = smem.lse2(col);
-                *x = if keep {
-                    ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, p.scale_log2, -lse2))
-                } else {
-                    0.0
-                };
-            });
-            mma_pb::<E, 1, Q_TILES, D_TILES, BM, PITCH>(&mut dv, &pt, smem.d_o, &step_lanes);
-            // dPᵀ = Vⱼ·dOᵢᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D).
-            let mut ds = AccTile::<1, Q_TILES>::zero();
-            mma_abt::<E, 1, Q_TILES, K_STEPS, BM, PITCH>(
+        let step_lanes = lanes.step_local();
+        // Opaque per step: positions derived from it (dSᵀ store addresses, dQ rows) are
+        // recomputed each step rather than hoisted out of the loop into registers.
+        let pos_s = FragPos::of(ptx::opaque_u32(me.lane));
+        let warp_keys = |tile| SmemRows { tile, m0: warp_k0 };
+        // Sᵀ = Kⱼ·Qᵢᵀ, then Pᵀ (masked before the exponential).
+        let mut pt = AccTile::<1, Q_TILES>::zero();
+        mma_abt::<E, 1, Q_TILES, K_STEPS, BM, PITCH>(&mut pt, &warp_keys(smem.k), q, &step_lanes);
+        let masked = mask.tile_needs_mask(row0, BM as u32, n, BN as u32);
+        pt.for_each_mut(|_, r, nt, c, x| {
+            let (key, col) = (key0 + (warp_k0 as u32) + pos_s.row(0, r), pos_s.col(nt, c));
+            let keep = !masked || mask.visible(row0 + col, key);
+            let lse2 = smem.lse2(buf, col);
+            *x = if keep {
+                ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, p.scale_log2, -lse2))
+            } else {
+                0.0
+            };
+        });
+        // Pᵀ in 16 bits from here on: it is the `mma` operand, and keeping it packed frees
+        // registers for dPᵀ (dS = P ∘ (dP − D) uses the rounded P).
+        let pt = PackedTile::pack::<E>(&pt);
+        let (d_o_cols, dkv_lanes) = d_o.kn_slice(&step_lanes, dkv_pair0, DKV_TILES / 2);
+        mma_pb::<E, 1, Q_TILES, DKV_TILES, BM, PITCH>(&mut dv, &pt, d_o_cols, &dkv_lanes, 0);
+        // dPᵀ = Vⱼ·dOᵢᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), dKⱼ += dSᵀ·Qᵢ and dSᵀ → shared, `DP_TILES`
+        // query columns of 8 at a time (fewer live registers for large head dims).
+        let (q_cols, _) = q.kn_slice(&step_lanes, dkv_pair0, DKV_TILES / 2);
+        for part in 0..Q_TILES / DP_TILES {
+            let c0 = part * DP_TILES * 8;
+            let mut ds = AccTile::<1, DP_TILES>::zero();
+            mma_abt::<E, 1, DP_TILES, K_STEPS, BM, PITCH>(
                 &mut ds,
                 &warp_keys(smem.v),
-                smem.d_o,
+                d_o.rows_from(c0),
                 &step_lanes,
             );
             ds.for_each_mut(|mt, r, nt, c, x| {
-                *x = pt.get(mt, r, nt, c) * (*x - smem.delta(pos_s.col(nt, c)));
+                let p = pt.get::<E>(mt, r, part * DP_TILES + nt, c);
+                *x = p * (*x - smem.delta(buf, (c0 as u32) + pos_s.col(nt, c)));
             });
-            mma_pb::<E, 1, Q_TILES, D_TILES, BM, PITCH>(&mut dk, &ds, smem.q, &step_lanes);
-            for r in 0..2 {
-                for nt in 0..Q_TILES {
-                    let [x0, x1] = ds.pair(0, r, nt);
-                    let row = warp_k0 as u32 + pos.row(0, r);
-                    smem.ds.store_pair(row, pos.col(nt, 0), E::pack(x0, x1));
+            let ds = PackedTile::pack::<E>(&ds);
+            let q_part = q_cols.rows_from(c0);
+            mma_pb::<E, 1, DP_TILES, DKV_TILES, BM, PITCH>(&mut dk, &ds, q_part, &dkv_lanes, 0);
+            if dkv_pair0 == 0 {
+                for r in 0..2 {
+                    for nt in 0..DP_TILES {
+                        let (row, col) = (warp_k0 as u32 + pos_s.row(0, r), pos_s.col(nt, 0));
+                        smem.ds.store_pair(row, c0 as u32 + col, ds.pair(0, r, nt));
+                    }
                 }
             }
-            ptx::bar_sync(); // dSᵀ complete
-                             // dQᵢ (the warp's 16 query rows) += scale·dS·Kⱼ, `DQ_TILES` columns at a time.
-            let ds_rows = SmemCols {
-                tile: smem.ds,
-                m0: warp_k0,
-                lanes: ds_lanes.step_local(),
-            };
-            let dq_row0 = row0 + warp_k0 as u32;
-            let dq_base = p.dq_accum.ptr as *mut f32;
-            for chunk in 0..D_TILES / DQ_TILES {
-                let mut dq = AccTile::<1, DQ_TILES>::zero();
-                let np0 = chunk * DQ_TILES / 2;
-                mma_ab::<E, 1, DQ_TILES, KEY_STEPS, BN, PITCH>(
-                    &mut dq,
-                    &ds_rows,
-                    smem.k,
-                    &step_lanes,
-                    np0,
-                );
-                dq.for_each_mut(|_, r, dt, c, x| {
-                    let (row, col) = (dq_row0 + pos.row(0, r), pos.col(chunk * DQ_TILES + dt, c));
-                    if row < dims.seqlen_q && col < dims.head_dim {
-                        let at = block.query_offset(&p.dq_accum, row) + col as u64;
-                        ptx::red_global_add_f32(dq_base.add(at as usize), *x * p.scale);
-                    }
-                });
-            }
-            ptx::bar_sync(); // every warp is done with Qᵢ, dOᵢ, dSᵀ before the next loads
         }
+        ptx::bar_sync(); // (B) dSᵀ complete
+                         // dQᵢ (the warp's 16 rows, its column slice) += scale·dS·Kⱼ, `DQ_TILES` at a time.
+        let ds_rows = SmemCols {
+            tile: smem.ds,
+            m0: dq_r0,
+            lanes: ds_lanes.step_local(),
+        };
+        let (k_cols, dq_lanes) = smem.k.kn_slice(&step_lanes, dq_pair0, DQ_COL_TILES / 2);
+        let dq_row0 = row0 + dq_r0 as u32;
+        for chunk in 0..DQ_COL_TILES / DQ_TILES {
+            let mut dq = AccTile::<1, DQ_TILES>::zero();
+            let np0 = chunk * DQ_TILES / 2;
+            mma_ab::<E, 1, DQ_TILES, KEY_STEPS, BN, PITCH>(
+                &mut dq, &ds_rows, k_cols, &dq_lanes, np0,
+            );
+            for r in 0..2 {
+                let row = dq_row0 + pos_s.row(0, r);
+                if row >= dims.seqlen_q {
+                    continue;
+                }
+                let row_at = block.query_offset(&p.dq_accum, row);
+                for dt in 0..DQ_TILES {
+                    let col = 16 * dq_pair0 as u32 + pos_s.col(chunk * DQ_TILES + dt, 0);
+                    if col < dims.head_dim {
+                        let [x0, x1] = dq.pair(0, r, dt);
+                        let at = dq_accum.add((row_at + col as u64) as usize);
+                        ptx::red_global_add_f32x2(at, x0 * p.scale, x1 * p.scale);
+                    }
+                }
+            }
+        }
+        cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);
+        buf ^= 1;
     }
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
     for r in 0..2 {
@@ -198,8 +296,8 @@ pub unsafe fn flash_bwd<
         }
         let dk_dst = (p.dk.ptr as *mut u16).add(kv_block.key_offset(&p.dk, key) as usize);
         let dv_dst = (p.dv.ptr as *mut u16).add(kv_block.key_offset(&p.dv, key) as usize);
-        for dt in 0..D_TILES {
-            let col = pos.col(dt, 0);
+        for dt in 0..DKV_TILES {
+            let col = 16 * dkv_pair0 as u32 + pos.col(dt, 0);
             if col < dims.head_dim {
                 let [k0, k1] = dk.pair(0, r, dt);
                 let [v0, v1] = dv.pair(0, r, dt);
@@ -210,81 +308,161 @@ pub unsafe fn flash_bwd<
     }
 }
 
+/// The rows of query head `head` (of KV head `kv_head`'s group) in batch entry `batch`.
+#[inline(always)]
+fn block_for(p: &BwdParams, batch: u32, kv_head: u32, head: u32) -> BlockInfo {
+    let dims = &p.dims;
+    BlockInfo {
+        batch,
+        head,
+        kv_head,
+        row0: 0,
+        seqlen_q: dims.seqlen_q,
+        seqlen_k: dims.seqlen_k,
+    }
+}
+
+/// The query tile after `after` (`None`: the first) among those of the KV head's query heads
+/// that see key tile `n`, as `(query head, tile index)`; heads in order, tiles in order.
+#[inline(always)]
+fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize>(
+    p: &BwdParams,
+    batch: u32,
+    kv_head: u32,
+    after: Option<(u32, u32)>,
+    n: u32,
+) -> Option<(u32, u32)> {
+    let dims = &p.dims;
+    let group = dims.heads_q / dims.heads_kv;
+    let tiles = dims.seqlen_q.div_ceil(BM as u32);
+    let (mut head, mut i) = match after {
+        Some((head, i)) => (head, i + 1),
+        None => (kv_head * group, 0),
+    };
+    while head < (kv_head + 1) * group {
+        let mask = M::new(&p.mask, &block_for(p, batch, kv_head, head));
+        while i < tiles {
+            if mask.visits_key_tile(i * BM as u32, BM as u32, n, BN as u32) {
+                return Some((head, i));
+            }
+            i += 1;
+        }
+        head += 1;
+        i = 0;
+    }
+    None
+}
+
 /// The backward block's shared memory; see the module docs.
 #[derive(Clone, Copy)]
 struct BwdSmem<const BN: usize, const BM: usize, const PITCH: usize> {
     k: SmemTile<BN, PITCH>,
     v: SmemTile<BN, PITCH>,
-    q: SmemTile<BM, PITCH>,
-    d_o: SmemTile<BM, PITCH>,
+    /// Two buffers of Q, then two of dO.
+    q_do: u32,
     /// dSᵀ `[BN][BM]`.
     ds: SmemTile<BN, BM>,
-    /// LSE·log2 e, then D: `BM` f32 each.
+    /// Two buffers of `BM` f32 LSE·log2 e then `BM` f32 D.
     stats: u32,
 }
 
 impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH> {
+    const QTILE: u32 = SmemTile::<BM, PITCH>::BYTES;
+    const STATS: u32 = 2 * 4 * BM as u32;
+
     #[inline(always)]
     fn at(base: u32) -> Self {
         let kv = SmemTile::<BN, PITCH>::BYTES;
-        let q = SmemTile::<BM, PITCH>::BYTES;
+        let q_do = base + 2 * kv;
+        let ds = q_do + 4 * Self::QTILE;
         Self {
             k: SmemTile::at(base),
             v: SmemTile::at(base + kv),
-            q: SmemTile::at(base + 2 * kv),
-            d_o: SmemTile::at(base + 2 * kv + q),
-            ds: SmemTile::at(base + 2 * kv + 2 * q),
-            stats: base + 2 * kv + 2 * q + SmemTile::<BN, BM>::BYTES,
+            q_do,
+            ds: SmemTile::at(ds),
+            stats: ds + SmemTile::<BN, BM>::BYTES,
         }
     }
 
-    /// LSE·log2 e of query `col` of the current tile (+∞ for rows past the sequence and rows
+    /// Q of buffer `buf`.
+    #[inline(always)]
+    fn q(&self, buf: u32) -> SmemTile<BM, PITCH> {
+        SmemTile::at(self.q_do + buf * Self::QTILE)
+    }
+
+    /// dO of buffer `buf`.
+    #[inline(always)]
+    fn d_o(&self, buf: u32) -> SmemTile<BM, PITCH> {
+        SmemTile::at(self.q_do + (2 + buf) * Self::QTILE)
+    }
+
+    /// Shared address of query `col`'s LSE slot in buffer `buf` (its D slot is `4·BM` on).
+    #[inline(always)]
+    fn stat_addr(&self, buf: u32, col: u32) -> u32 {
+        self.stats + buf * Self::STATS + 4 * col
+    }
+
+    /// LSE·log2 e of query `col` of buffer `buf` (+∞ for rows past the sequence and rows
     /// that saw no key, so that their P is 0).
     #[inline(always)]
-    unsafe fn lse2(&self, col: u32) -> f32 {
-        ptx::ld_shared_f32(self.stats + 4 * col)
+    unsafe fn lse2(&self, buf: u32, col: u32) -> f32 {
+        ptx::ld_shared_f32(self.stat_addr(buf, col))
     }
 
-    /// D of query `col` of the current tile.
+    /// D of query `col` of buffer `buf`.
     #[inline(always)]
-    unsafe fn delta(&self, col: u32) -> f32 {
-        ptx::ld_shared_f32(self.stats + 4 * (BM as u32 + col))
+    unsafe fn delta(&self, buf: u32, col: u32) -> f32 {
+        ptx::ld_shared_f32(self.stat_addr(buf, col) + 4 * BM as u32)
     }
 
-    /// Starts the loads of Qᵢ and dOᵢ (rows `row0..`) and writes LSE·log2 e and D of those
-    /// rows; returns after the copies completed (the caller publishes them with a barrier).
+    /// Issues the copies of query tile `i` into buffer `buf`: Q and dO (rows past the
+    /// sequence zero-filled) and the raw LSE and D of those rows (zero-filled past the
+    /// sequence); the caller commits them. [`BwdSmem::finish_stats`] completes the LSE slots.
     #[inline(always)]
-    unsafe fn load_query_tile<E: Elem, const D: usize, const WARPS: usize>(
+    unsafe fn load_query_tile<const D: usize, const WARPS: usize>(
         &self,
         p: &BwdParams,
         block: &BlockInfo,
-        row0: u32,
+        i: u32,
+        buf: u32,
         tid: u32,
     ) {
         let dims = &p.dims;
+        let row0 = i * BM as u32;
         let rows_left = dims.seqlen_q - row0;
         let q = (p.q.ptr as *const u16).add(block.query_offset(&p.q, row0) as usize);
         let d_o = (p.d_o.ptr as *const u16).add(block.query_offset(&p.d_o, row0) as usize);
-        self.q
+        self.q(buf)
             .load_async::<D, WARPS>(q, p.q.strides.row, rows_left, dims.head_dim, tid);
-        self.d_o
+        self.d_o(buf)
             .load_async::<D, WARPS>(d_o, p.d_o.strides.row, rows_left, dims.head_dim, tid);
-        ptx::cp_async_commit_group();
         if (tid as usize) < BM {
             let row = row0 + tid;
-            let (mut lse2, mut delta) = (f32::INFINITY, 0.0);
-            if row < dims.seqlen_q {
+            let (bytes, lse, delta) = if row < dims.seqlen_q {
                 let lse =
-                    *(p.lse.ptr as *const f32).add(block.row_stat_offset(&p.lse, row) as usize);
-                if lse != f32::NEG_INFINITY {
-                    lse2 = lse * LOG2_E;
-                }
-                delta =
-                    *(p.delta.ptr as *const f32).add(block.row_stat_offset(&p.delta, row) as usize);
-            }
-            ptx::st_shared_f32(self.stats + 4 * tid, lse2);
-            ptx::st_shared_f32(self.stats + 4 * (BM as u32 + tid), delta);
+                    (p.lse.ptr as *const f32).add(block.row_stat_offset(&p.lse, row) as usize);
+                let delta =
+                    (p.delta.ptr as *const f32).add(block.row_stat_offset(&p.delta, row) as usize);
+                (4, lse, delta)
+            } else {
+                (0, p.lse.ptr as *const f32, p.delta.ptr as *const f32)
+            };
+            let at = self.stat_addr(buf, tid);
+            ptx::cp_async_ca_4(at, lse as *const u8, bytes);
+            ptx::cp_async_ca_4(at + 4 * BM as u32, delta as *const u8, bytes);
         }
-        ptx::cp_async_wait_group::<0>();
+    }
+
+    /// Turns the raw LSE this thread copied into buffer `buf` (tile rows from `row0`) into
+    /// LSE·log2 e, or +∞ where the row is past the sequence or saw no key (LSE = −∞). Call
+    /// after this thread's copies completed and before the barrier that publishes them.
+    #[inline(always)]
+    unsafe fn finish_stats(&self, buf: u32, row0: u32, seqlen_q: u32, tid: u32) {
+        if (tid as usize) < BM {
+            let at = self.stat_addr(buf, tid);
+            let lse = ptx::ld_shared_f32(at);
+            let valid = row0 + tid < seqlen_q && lse != f32::NEG_INFINITY;
+            ptx::st_shared_f32(at, if valid { lse * LOG2_E } else { f32::INFINITY });
+        }
     }
 }

@@ -39,7 +39,8 @@ pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
     }
 }
 
-/// `dq[b, i, h, c] = dq_accum[b, i, h, c]` rounded to `E`, two elements per thread.
+/// `dq[b, i, h, c] = Σ_s dq_accum_s[b, i, h, c]` rounded to `E`, two elements per thread;
+/// the `dq_splits` accumulators are summed in order (deterministic).
 ///
 /// # Safety
 /// `p` describes live dQ and dQ-accumulator tensors; the head dim is even.
@@ -56,11 +57,17 @@ pub unsafe fn bwd_convert_dq<E: Elem>(p: &BwdParams) {
         let rest = rest / d.heads_q as u64;
         let row = (rest % d.seqlen_q as u64) as u32;
         let batch = (rest / d.seqlen_q as u64) as u32;
-        let src = (p.dq_accum.ptr as *const f32)
+        let mut src = (p.dq_accum.ptr as *const f32)
             .add((p.dq_accum.strides.offset(batch, row, head) + col as u64) as usize);
+        let (mut x0, mut x1) = (*src, *src.add(1));
+        for _ in 1..p.dq_splits {
+            src = src.add(p.dq_split_stride as usize);
+            x0 += *src;
+            x1 += *src.add(1);
+        }
         let dst = (p.dq.ptr as *mut u16)
             .add((p.dq.strides.offset(batch, row, head) + col as u64) as usize);
-        *(dst as *mut u32) = E::pack(*src, *src.add(1));
+        *(dst as *mut u32) = E::pack(x0, x1);
         idx += step;
     }
 }

@@ -196,6 +196,7 @@ impl<
         if let Some(rescale) = softmax.update::<MASKED, N_TILES>(&mut s, self.scale, visible) {
             o.scale_rows(&rescale); // O ·= 2^(m − m')
         }
-        mma_pb::<E, MT, N_TILES, D_TILES, BN, PITCH>(o, &s, self.kv.v, &lanes); // O += P·V
+        mma_pb::<E, MT, N_TILES, D_TILES, BN, PITCH>(o, &s, self.kv.v, &lanes, 0);
+        // O += P·V
     }
 }

@@ -10,3 +10,25 @@ use core::arch::asm;
 pub unsafe fn red_global_add_f32(addr: *mut f32, v: f32) {
     asm!("red.global.add.f32 [{addr}], {v};", addr = in(reg64) addr, v = in(reg32) v, options(nostack));
 }
+
+/// `addr[0] += a; addr[1] += b` in f32, atomically per element, without a return value: one
+/// vector reduction on sm_90 and later (`red.global.add.v2.f32`, PTX 8.1), two scalar ones
+/// before.
+///
+/// # Safety
+/// `addr` is an 8-byte aligned global address of two live f32.
+#[inline(always)]
+pub unsafe fn red_global_add_f32x2(addr: *mut f32, a: f32, b: f32) {
+    if crate::arch::Arch::current().has_vector_red() {
+        asm!(
+            "red.global.add.v2.f32 [{addr}], {{{a}, {b}}};",
+            addr = in(reg64) addr,
+            a = in(reg32) a,
+            b = in(reg32) b,
+            options(nostack)
+        );
+    } else {
+        red_global_add_f32(addr, a);
+        red_global_add_f32(addr.add(1), b);
+    }
+}

@@ -19,6 +19,23 @@ pub unsafe fn cp_async_cg_16(dst: u32, src: *const u8, src_bytes: u32) {
     );
 }
 
+/// Copies 4 bytes from global `src` to shared `dst`, zero-filling them when `src_bytes` is 0
+/// (then nothing is read). Through L1 (`.ca`, the only cache mode for copies below 16 bytes).
+///
+/// # Safety
+/// `dst` is a 4-byte aligned shared address inside the block's allocation; when `src_bytes`
+/// is 4, `src` is a readable 4-byte aligned global address.
+#[inline(always)]
+pub unsafe fn cp_async_ca_4(dst: u32, src: *const u8, src_bytes: u32) {
+    asm!(
+        "cp.async.ca.shared.global [{dst}], [{src}], 4, {n};",
+        dst = in(reg32) dst,
+        src = in(reg64) src,
+        n = in(reg32) src_bytes,
+        options(nostack)
+    );
+}
+
 /// Closes the current group of `cp.async` copies issued by this thread.
 ///
 /// # Safety
