@@ -90,10 +90,17 @@ pub fn run() -> Result<(), String> {
         &root.join("target/release/examples/train"),
         &out.join("bin/train"),
     )?;
-    copy(
-        &root.join("xtask/scripts/bench_torch.py"),
-        &out.join("scripts/bench_torch.py"),
-    )?;
+    for script in [
+        "bench_torch.py",
+        "io_ncu.py",
+        "cli_vs_torch.py",
+        "mem_peak.sh",
+    ] {
+        copy(
+            &root.join("xtask/scripts").join(script),
+            &out.join("scripts").join(script),
+        )?;
+    }
     copy(&root.join("xtask/scripts/run.sh"), &out.join("run.sh"))?;
     let size = dir_size(&out)?;
     eprintln!("bundle/: {:.1} MiB", size as f64 / (1 << 20) as f64);

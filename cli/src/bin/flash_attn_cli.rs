@@ -43,7 +43,7 @@ BACKWARD (--backward):
     safetensors input (.npy input and --npy-out are not supported with --backward), and
     writes `o`, `lse`, `dq` [B, Nq, Hq, d] and `dk`, `dv` [B, Nk, Hkv, d] (input dtype; dK and
     dV of a shared KV head sum over its query heads) to -o. Both passes run on GPU 0 like the
-    forward (f16/bf16, head dims up to 128 for the GPU backward), else on the CPU backend.
+    forward (f16/bf16, head dims up to 256), else on the CPU backend.
     The GPU backward adds dQ with f32 atomics, so its low bits can vary run to run;
     --deterministic selects its deterministic mode (bit-identical results, slower). The CPU
     backward is always deterministic.
@@ -98,10 +98,10 @@ struct Args {
     /// Run on the CPU even when a GPU is present
     #[arg(long)]
     cpu: bool,
-    /// Also run the backward pass (CPU backend) on dO and write dq, dk, dv
+    /// Also run the backward pass on dO and write dq, dk, dv
     #[arg(long)]
     backward: bool,
-    /// Deterministic backward (the CPU backward always is; see BACKWARD below)
+    /// Deterministic GPU backward (bit-identical run to run; the CPU backward always is)
     #[arg(long)]
     deterministic: bool,
     /// Output safetensors file holding `o` and `lse` (and `dq`, `dk`, `dv`)

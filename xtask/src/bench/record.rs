@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 /// One benchmark row, the keys the report uses.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Row {
-    /// `op`: `fwd` when absent.
+    /// `op`: `fwd` when absent; `_det` appended for rows of the deterministic backward
+    /// (`mode` = `deterministic`).
     pub op: String,
     /// `dtype`: element type, `f16`, `bf16`, ...
     pub dtype: String,
@@ -65,9 +66,15 @@ impl Row {
             return Err("missing `dtype`".into());
         }
         let op = text("op");
+        let op = if op.is_empty() { "fwd".to_string() } else { op };
         let driver = text("driver");
         Ok(Row {
-            op: if op.is_empty() { "fwd".into() } else { op },
+            // Rows of the deterministic backward are their own op (`bwd_det`, `fwd_bwd_det`).
+            op: if text("mode") == "deterministic" {
+                format!("{op}_det")
+            } else {
+                op
+            },
             dtype,
             d: int("d")?,
             h: int("h").ok(),
