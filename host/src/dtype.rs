@@ -11,6 +11,8 @@ pub enum DType {
     BF16,
     /// f32.
     F32,
+    /// i32 (sequence lengths and block tables of the decode path).
+    I32,
 }
 
 impl DType {
@@ -18,12 +20,13 @@ impl DType {
     pub fn size(self) -> usize {
         match self {
             DType::F16 | DType::BF16 => 2,
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
         }
     }
 }
 
-/// A scalar type that tensors of this crate hold: `f16`, `bf16` or `f32`.
+/// A scalar type that tensors of this crate hold: `f16`, `bf16`, `f32`, or `i32` (the decode
+/// path's lengths and block tables).
 pub trait Element:
     Copy
     + Default
@@ -80,5 +83,19 @@ impl Element for f32 {
     }
     fn nan() -> Self {
         f32::NAN
+    }
+}
+
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+    fn from_f32(x: f32) -> Self {
+        x as i32
+    }
+    /// There is no NaN integer: `i32::MIN` (an invalid length or page index) stands in.
+    fn nan() -> Self {
+        i32::MIN
     }
 }

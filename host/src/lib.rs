@@ -7,6 +7,7 @@
 
 mod bwd;
 pub mod cpu;
+mod decode;
 pub mod device;
 mod driver_lib;
 pub mod dtype;
@@ -20,6 +21,10 @@ pub mod tensor;
 pub mod timing;
 
 pub use bwd::{deterministic_splits, flash_attn_backward, flash_attn_backward_into, BwdMode};
+pub use decode::{
+    attn_with_kvcache, attn_with_kvcache_into, decode_splits, merge_attention_states, DecodeOptions,
+    KvCache, NewKv,
+};
 pub use device::{device_count, Device};
 pub use dtype::{DType, Element};
 pub use error::{FlashError, Result};

@@ -168,3 +168,86 @@ pub const PAD_KERNEL_NAME: &str = "pad_copy_b16";
 
 /// Threads per block of the layout kernel.
 pub const PAD_THREADS: usize = 256;
+
+/// Keys per warp step of the decode kernel: one `ldmatrix` row group of K and V, and the
+/// granularity of pages (a page holds whole steps, so each step reads one page).
+pub const DECODE_WARP_KEYS: usize = 16;
+
+/// Tile shape of one decode instantiation: a block holds `16 · m_tiles` packed query rows
+/// (the query heads of one KV head × the new tokens) and its `warps` warps split the keys,
+/// each streaming steps of [`DECODE_WARP_KEYS`] keys through its own `stages`-deep ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeTile {
+    /// Compiled head dim.
+    pub head_dim: usize,
+    /// 16-row `mma` tiles per warp (every warp holds all of the block's rows).
+    pub m_tiles: usize,
+    /// Warps per block.
+    pub warps: usize,
+    /// Buffers in each warp's K/V ring (`stages − 1` steps are in flight).
+    pub stages: usize,
+    /// Keep the Q fragments in registers (else re-read from shared memory at every step).
+    pub q_in_regs: bool,
+}
+
+impl DecodeTile {
+    /// The tile for `head_dim` from the registry's `(m_tiles, warps, stages, q_in_regs)`.
+    pub const fn new(head_dim: usize, shape: (usize, usize, usize, bool)) -> Self {
+        let (m_tiles, warps, stages, q_in_regs) = shape;
+        Self {
+            head_dim,
+            m_tiles,
+            warps,
+            stages,
+            q_in_regs,
+        }
+    }
+
+    /// Packed query rows per block.
+    pub const fn block_m(&self) -> usize {
+        MMA_M * self.m_tiles
+    }
+
+    /// Elements per shared-memory row.
+    pub const fn smem_pitch(&self) -> usize {
+        self.head_dim.next_power_of_two()
+    }
+
+    /// Threads per block.
+    pub const fn threads(&self) -> usize {
+        self.warps * WARP_SIZE
+    }
+
+    /// Bytes of the K/V rings: per warp, `stages` buffers of K and V `[16][pitch]`.
+    pub const fn ring_bytes(&self) -> usize {
+        self.warps * self.stages * 2 * DECODE_WARP_KEYS * self.smem_pitch() * 2
+    }
+
+    /// Bytes of the end-of-block merge, which reuses the rings: every warp's f32 O
+    /// `[block_m][head_dim]`, then its row maxima and sums.
+    pub const fn merge_bytes(&self) -> usize {
+        self.warps * self.block_m() * (self.head_dim + 2) * 4
+    }
+
+    /// Dynamic shared memory in bytes: the Q tile `[block_m][pitch]`, then the rings (or the
+    /// merge area, whichever is larger).
+    pub const fn smem_bytes(&self) -> usize {
+        let ring = self.ring_bytes();
+        let merge = self.merge_bytes();
+        2 * self.block_m() * self.smem_pitch() + if ring > merge { ring } else { merge }
+    }
+
+    /// Whether the kernel supports the shape.
+    pub const fn is_valid(&self) -> bool {
+        self.m_tiles > 0 && self.warps > 0 && self.stages >= 2 && self.stages <= 4
+    }
+}
+
+/// Threads per block of the decode combine and merge kernels (one warp per output row).
+pub const COMBINE_THREADS: usize = 128;
+
+/// The most key splits the decode path takes (the combine kernel holds 4 per lane).
+pub const MAX_DECODE_SPLITS: usize = 128;
+
+/// Threads per block of the cache append kernel.
+pub const APPEND_THREADS: usize = 128;

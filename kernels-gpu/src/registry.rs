@@ -12,7 +12,9 @@
 //! instead of doubling the PTX; see docs/design.md).
 
 use crate::arch::{Arch, ARCH_COUNT};
-use crate::config::{BwdTile, FwdTile, BWD_AUX_THREADS, PAD_THREADS};
+use crate::config::{
+    BwdTile, DecodeTile, FwdTile, APPEND_THREADS, BWD_AUX_THREADS, COMBINE_THREADS, PAD_THREADS,
+};
 
 /// Element type of a kernel's 16-bit tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -42,6 +44,12 @@ pub enum Family {
     /// The backward's pre-pass (D = rowsum(dO ∘ O)) and dQ conversion,
     /// [`crate::params::BwdParams`].
     BwdPasses,
+    /// Split-KV decoding over a KV cache, [`crate::params::DecodeParams`].
+    Decode,
+    /// The decode path's split combine and the merge of two attention states
+    /// ([`crate::params::CombineParams`]), and the cache append
+    /// ([`crate::params::AppendParams`]).
+    DecodePasses,
     /// Strided ⇄ packed copy, [`crate::params::PadParams`].
     Layout,
 }
@@ -78,6 +86,9 @@ pub type FwdKernel = KernelRow<FwdTile>;
 /// A backward kernel row (the main kernel, or the deterministic mode's dQ kernel).
 pub type BwdKernel = KernelRow<BwdTile>;
 
+/// A decode kernel row.
+pub type DecodeKernel = KernelRow<DecodeTile>;
+
 /// The row of `rows` that runs a caller's `head_dim` under `mask`: the smallest compiled head
 /// dim ≥ it; `None` for 0 and above the largest.
 pub const fn kernel_for<T: Copy>(
@@ -108,6 +119,11 @@ pub const fn fwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static FwdK
 /// The backward kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]).
 pub const fn bwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static BwdKernel> {
     kernel_for(BWD_KERNELS, head_dim, mask)
+}
+
+/// The decode kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]).
+pub const fn decode_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static DecodeKernel> {
+    kernel_for(DECODE_KERNELS, head_dim, mask)
 }
 
 /// Launch resources of any registered kernel (for the ptxas report and the loader's checks).
@@ -142,6 +158,12 @@ macro_rules! registry {
         fwd { $( $d:literal $mask:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
         bwd { $( $bd:literal $bmask:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
         bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
+        decode { $( $dd:literal $dmask:ident [$df16:ident, $dbf16:ident] $dtiles:expr; )* }
+        decode_passes {
+            combine [$comb16:ident, $combb16:ident];
+            merge [$merge16:ident, $mergeb16:ident];
+            append $append:ident;
+        }
         layout { $( $pad:ident; )* }
     ) => {
         /// Every forward kernel.
@@ -170,6 +192,25 @@ macro_rules! registry {
         /// The backward's dQ conversion entry points, indexed by [`KernelDType`].
         pub const BWD_CONVERT_KERNELS: [&str; 2] = [stringify!($conv16), stringify!($convb16)];
 
+        /// Every decode kernel.
+        pub const DECODE_KERNELS: &[DecodeKernel] = &[$(
+            DecodeKernel {
+                head_dim: $dd,
+                mask: MaskKind::$dmask,
+                names: [stringify!($df16), stringify!($dbf16)],
+                tiles: decode_tiles_of($dd, $dtiles),
+            },
+        )*];
+
+        /// The decode path's split combine entry points, indexed by [`KernelDType`].
+        pub const DECODE_COMBINE_KERNELS: [&str; 2] = [stringify!($comb16), stringify!($combb16)];
+
+        /// The attention-state merge entry points, indexed by [`KernelDType`].
+        pub const MERGE_KERNELS: [&str; 2] = [stringify!($merge16), stringify!($mergeb16)];
+
+        /// The KV-cache append entry point (16-bit elements of either type).
+        pub const APPEND_KERNEL: &str = stringify!($append);
+
         /// Every kernel of every family, with its launch resources.
         pub const ALL_KERNELS: &[KernelInfo] = &[
             $(
@@ -184,6 +225,15 @@ macro_rules! registry {
             aux_info(stringify!($prepb16)),
             aux_info(stringify!($conv16)),
             aux_info(stringify!($convb16)),
+            $(
+                decode_info(stringify!($df16), decode_tiles_of($dd, $dtiles)),
+                decode_info(stringify!($dbf16), decode_tiles_of($dd, $dtiles)),
+            )*
+            pass_info(stringify!($comb16), COMBINE_THREADS),
+            pass_info(stringify!($combb16), COMBINE_THREADS),
+            pass_info(stringify!($merge16), COMBINE_THREADS),
+            pass_info(stringify!($mergeb16), COMBINE_THREADS),
+            pass_info(stringify!($append), APPEND_THREADS),
             $(
                 KernelInfo {
                     name: stringify!($pad),
@@ -211,6 +261,22 @@ macro_rules! registry {
             bwd_pass_entry!($prepb16, Bf16, bwd_prep);
             bwd_pass_entry!($conv16, F16, bwd_convert_dq);
             bwd_pass_entry!($convb16, Bf16, bwd_convert_dq);
+            $(
+                decode_entry!($df16, F16, $dmask, $dd, $dtiles);
+                decode_entry!($dbf16, Bf16, $dmask, $dd, $dtiles);
+            )*
+            decode_pass_entry!($comb16, F16, decode_combine);
+            decode_pass_entry!($combb16, Bf16, decode_combine);
+            decode_pass_entry!($merge16, F16, merge_states);
+            decode_pass_entry!($mergeb16, Bf16, merge_states);
+            /// Copies new keys and values into the KV cache; see `device::decode::append`.
+            ///
+            /// # Safety
+            /// Launched by the host crate on validated parameters.
+            #[no_mangle]
+            pub unsafe extern "ptx-kernel" fn $append(p: crate::params::AppendParams) {
+                crate::device::decode::kv_append(&p)
+            }
             $(
                 /// Strided ⇄ packed copy of 16-bit tensors; see `device::pad`.
                 ///
@@ -303,6 +369,58 @@ macro_rules! bwd_pass_entry {
     };
 }
 
+/// One decode entry point (see `device::decode::flash_decode`).
+#[cfg(target_arch = "nvptx64")]
+macro_rules! decode_entry {
+    ($name:ident, $elem:ident, $mask:ident, $d:literal, $tiles:expr) => {
+        /// Split-KV decoding for one (dtype, head dim, mask); see `device::decode`.
+        ///
+        /// # Safety
+        /// Launched by the host crate with the grid, block and shared memory of its tile.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::DecodeParams) {
+            const T: DecodeTile = decode_tiles_of($d, $tiles)[Arch::current().index()];
+            crate::device::decode::flash_decode::<
+                crate::device::elem::$elem,
+                crate::mask::kind::$mask,
+                $d,
+                { T.smem_pitch() },
+                { T.block_m() },
+                { T.m_tiles },
+                { T.warps },
+                { T.stages },
+                { T.q_in_regs },
+                { $d / 16 },
+                { $d / 8 },
+            >(&p)
+        }
+    };
+}
+
+/// One entry point of the decode path's combine or merge.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! decode_pass_entry {
+    ($name:ident, $elem:ident, $body:ident) => {
+        /// Merges attention states (`device::decode::combine`).
+        ///
+        /// # Safety
+        /// Launched by the host crate on validated parameters.
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::CombineParams) {
+            crate::device::decode::$body::<crate::device::elem::$elem>(&p)
+        }
+    };
+}
+
+const fn pass_info(name: &'static str, threads: usize) -> KernelInfo {
+    KernelInfo {
+        name,
+        family: Family::DecodePasses,
+        dyn_smem: [0; ARCH_COUNT],
+        threads: [threads; ARCH_COUNT],
+    }
+}
+
 const fn aux_info(name: &'static str) -> KernelInfo {
     KernelInfo {
         name,
@@ -348,6 +466,25 @@ const fn bwd_tiles_of(
     ))
 }
 
+/// The registry's per-target `(m_tiles, warps, stages, q_in_regs)` as decode tiles.
+const fn decode_tiles_of(
+    head_dim: usize,
+    shapes: [(usize, usize, usize, bool); ARCH_COUNT],
+) -> [DecodeTile; ARCH_COUNT] {
+    per_arch!(shapes, DecodeTile::new(head_dim, shapes[0]), |s| {
+        DecodeTile::new(head_dim, s)
+    })
+}
+
+const fn decode_info(name: &'static str, tiles: [DecodeTile; ARCH_COUNT]) -> KernelInfo {
+    KernelInfo {
+        name,
+        family: Family::Decode,
+        dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
+        threads: per_arch!(tiles, 0, |t| t.threads()),
+    }
+}
+
 const fn fwd_info(name: &'static str, tiles: [FwdTile; ARCH_COUNT]) -> KernelInfo {
     KernelInfo {
         name,
@@ -388,6 +525,20 @@ registry! {
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];
         convert [flash_bwd_convert_dq_f16, flash_bwd_convert_dq_bf16];
+    }
+    // Decode rows: `(m_tiles, warps, stages, q_in_regs)` per target (sm_80 code must fit the
+    // 99 KiB of sm_86/sm_89).
+    decode {
+        32 Causal [flash_decode_f16_d32, flash_decode_bf16_d32] [(2, 4, 4, true), (2, 4, 4, true)];
+        64 Causal [flash_decode_f16_d64, flash_decode_bf16_d64] [(2, 4, 4, true), (2, 4, 4, true)];
+        96 Causal [flash_decode_f16_d96, flash_decode_bf16_d96] [(2, 4, 2, false), (2, 4, 4, false)];
+        128 Causal [flash_decode_f16_d128, flash_decode_bf16_d128] [(2, 4, 2, false), (2, 4, 4, false)];
+        256 Causal [flash_decode_f16_d256, flash_decode_bf16_d256] [(1, 2, 2, false), (1, 4, 3, false)];
+    }
+    decode_passes {
+        combine [flash_decode_combine_f16, flash_decode_combine_bf16];
+        merge [merge_states_f16, merge_states_bf16];
+        append kv_append_b16;
     }
     layout {
         pad_copy_b16;
@@ -440,6 +591,27 @@ mod tests {
     }
 
     #[test]
+    fn every_decode_tile_is_valid_and_fits() {
+        let limits = [99 * 1024, 227 * 1024];
+        for k in DECODE_KERNELS {
+            for (t, limit) in k.tiles.iter().zip(limits) {
+                assert_eq!(t.head_dim, k.head_dim);
+                assert!(t.is_valid(), "d={}: {t:?}", k.head_dim);
+                assert!(
+                    t.smem_bytes() <= limit,
+                    "d={}: {}",
+                    k.head_dim,
+                    t.smem_bytes()
+                );
+            }
+        }
+        // Every forward head dim has a decode kernel (the forward may route to it).
+        for k in FWD_KERNELS {
+            assert!(decode_kernel(k.head_dim, k.mask).is_some_and(|d| d.head_dim == k.head_dim));
+        }
+    }
+
+    #[test]
     fn names_follow_the_convention_and_are_unique() {
         for k in FWD_KERNELS {
             assert_eq!(
@@ -458,7 +630,7 @@ mod tests {
         assert_eq!(names.len(), ALL_KERNELS.len());
         assert_eq!(
             ALL_KERNELS.len(),
-            2 * FWD_KERNELS.len() + 2 * BWD_KERNELS.len() + 4 + 1
+            2 * FWD_KERNELS.len() + 2 * BWD_KERNELS.len() + 4 + 2 * DECODE_KERNELS.len() + 5 + 1
         );
     }
 

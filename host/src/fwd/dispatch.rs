@@ -30,7 +30,7 @@ pub(crate) fn fwd_kernel(
     let dtype = match dtype {
         DType::F16 => KernelDType::F16,
         DType::BF16 => KernelDType::Bf16,
-        DType::F32 => {
+        DType::F32 | DType::I32 => {
             return Err(FlashError::DType(
                 "the GPU kernels take f16 or bf16 (use the CPU backend for f32)".into(),
             ))

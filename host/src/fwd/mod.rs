@@ -1,4 +1,6 @@
-//! The forward pass on the GPU: the public entry points. The work is split by job:
+//! The forward pass on the GPU: the public entry points (calls with at most 16 queries per
+//! sequence and keys enough to split run on the decode kernels, see [`crate::decode`]). The
+//! work is split by job:
 //! [`validate`] checks the call, [`dispatch`] picks the kernel, [`layout`] handles tensors
 //! that break the kernel's alignment rule, and [`crate::launch`] launches.
 
@@ -55,6 +57,11 @@ pub fn flash_attn_into<T: Element>(
     let kernel = fwd_kernel(dev.arch(), T::DTYPE, d, params.causal)?;
     let scale_log2 = params.scale_log2(d)?;
     check_placement(dev, &shape, [q, k, v], o, lse)?;
+    // Few queries over many keys: the split-KV decode kernels fill the GPU where one block
+    // per query tile would leave it idle.
+    if crate::decode::forward_via_decode(dev, q, k, v, &shape, params, o, lse)? {
+        return Ok(());
+    }
 
     // Tensors that break the alignment rule go through padded, contiguous temporaries.
     let padded_d = padded_head_dim(d);

@@ -19,6 +19,9 @@ pub(crate) fn check_dtype<T: Element>() -> Result<()> {
         DType::F32 => Err(FlashError::DType(
             "the GPU kernels take f16 or bf16 (use the CPU backend for f32)".into(),
         )),
+        DType::I32 => Err(FlashError::DType(
+            "attention takes f16 or bf16 tensors (f32 on the CPU backend), not i32".into(),
+        )),
     }
 }
 

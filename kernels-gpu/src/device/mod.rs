@@ -7,6 +7,7 @@
 //! the host compiles too. The entry points are emitted by [`crate::registry`].
 
 pub(crate) mod bwd;
+pub(crate) mod decode;
 pub(crate) mod elem;
 pub(crate) mod frag;
 pub(crate) mod fwd;

@@ -117,6 +117,16 @@ impl<const MT: usize> OnlineSoftmax<MT> {
         }
     }
 
+    /// The state to merge with other warps' (FlashDecoding's split merge): the running
+    /// maxima `m` (base 2, scaled) and the row sums `l` summed over the quad, per row.
+    ///
+    /// # Safety
+    /// The whole warp calls it.
+    #[inline(always)]
+    pub unsafe fn partial(&self) -> (RowVec<f32, MT>, RowVec<f32, MT>) {
+        (self.m, self.l.quad_sum())
+    }
+
     /// The final `1/l` and LSE of every row (see [`Finished`] and the module docs);
     /// `sees_keys` says which rows the mask lets see at least one key.
     ///

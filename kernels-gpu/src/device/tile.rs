@@ -89,6 +89,32 @@ impl<const ROWS: usize, const PITCH: usize> SmemTile<ROWS, PITCH> {
         });
     }
 
+    /// Issues `cp.async` copies of rows `[0, ROWS)` × columns `[0, COLS)` where row `r`
+    /// starts at `row_src(r)`; rows for which it gives `None` and columns `≥ cols_valid` are
+    /// zero-filled without being read (for tiles whose rows are not evenly strided, as the
+    /// decode kernel's packed query rows). Chunks are assigned to threads as
+    /// [`SmemTile::negate_own`] expects.
+    ///
+    /// # Safety
+    /// Every row start given is 16-byte aligned with its first `cols_valid` elements (a
+    /// multiple of 8) readable; all `32·WARPS` threads of the block call it.
+    #[inline(always)]
+    pub unsafe fn load_rows_async<const COLS: usize, const WARPS: usize>(
+        self,
+        row_src: impl Fn(usize) -> Option<*const u16>,
+        cols_valid: u32,
+        tid: u32,
+    ) {
+        self.for_own_chunks::<COLS, WARPS>(tid, |row, chunk| {
+            let col = (chunk * 8) as u32;
+            let (from, bytes) = match row_src(row) {
+                Some(src) if col < cols_valid => (src.add(col as usize), 16),
+                _ => (core::ptr::null(), 0),
+            };
+            ptx::cp_async_cg_16(self.chunk_addr(row, chunk), from as *const u8, bytes);
+        });
+    }
+
     /// Flips the sign of every element of the chunks this thread copied with
     /// [`SmemTile::load_async`] (exact for f16 and bf16). Call after the copies completed
     /// (`cp_async_wait_group`) and before the barrier that publishes the tile.

@@ -1,16 +1,18 @@
 //! Launch parameters, passed by value to the kernels. `#[repr(C)]` and defined only here: the
 //! host fills these structs and the kernels read them, so both sides compile these files.
 //!
-//! Each family has its own struct in its own module (`fwd.rs`, `bwd.rs`, `pad.rs`), assembled from the
+//! Each family has its own struct in its own module (`fwd.rs`, `bwd.rs`, `decode.rs`, `pad.rs`), assembled from the
 //! shared sub-structs below: a tensor's address and strides ([`TensorRef`]), the problem's
 //! dimensions ([`SeqDims`]), the per-row statistics output ([`RowStatsRef`]) and the mask's
 //! arguments ([`MaskArgs`]). Later families (backward, decode) reuse them.
 
 mod bwd;
+mod decode;
 mod fwd;
 mod pad;
 
 pub use bwd::BwdParams;
+pub use decode::{AppendParams, CombineParams, DecodeParams, KvLayout};
 pub use fwd::FwdParams;
 pub use pad::{PadParams, PAD_SCATTER};
 

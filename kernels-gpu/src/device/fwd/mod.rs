@@ -25,7 +25,7 @@
 //! Sync points: one `bar.sync` per K/V tile (after its `cp.async` group completes; it also
 //! frees the buffer the prefetch then overwrites).
 
-mod io;
+pub(crate) mod io;
 
 use super::elem::Elem;
 use super::frag::{AccTile, FragPos, RowVec, ThreadPos};

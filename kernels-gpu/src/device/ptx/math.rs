@@ -64,6 +64,23 @@ pub unsafe fn shfl_sync_bfly<const MASK: u32>(x: f32) -> f32 {
     y
 }
 
+/// `shfl.sync.idx.b32`: lane `src_lane`'s `x` (all 32 lanes take part).
+///
+/// # Safety
+/// All 32 lanes execute it together.
+#[inline(always)]
+pub unsafe fn shfl_sync_idx(x: f32, src_lane: u32) -> f32 {
+    let y: f32;
+    asm!(
+        "shfl.sync.idx.b32 {y}, {x}, {l}, 0x1f, 0xffffffff;",
+        y = out(reg32) y,
+        x = in(reg32) x,
+        l = in(reg32) src_lane,
+        options(nostack)
+    );
+    y
+}
+
 /// `a · b + c` with one rounding (`fma.rn.f32`).
 ///
 /// # Safety

@@ -48,6 +48,16 @@ pub unsafe fn bar_sync() {
     asm!("bar.sync 0;", options(nostack));
 }
 
+/// `bar.warp.sync 0xffffffff`: warp-wide barrier; orders the shared-memory accesses of the
+/// warp's lanes (one lane's `cp.async` data, once waited for, becomes visible to the others).
+///
+/// # Safety
+/// All 32 lanes reach it.
+#[inline(always)]
+pub unsafe fn bar_warp_sync() {
+    asm!("bar.warp.sync 0xffffffff;", options(nostack));
+}
+
 /// `%ntid.x`.
 ///
 /// # Safety

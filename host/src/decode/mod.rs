@@ -1,0 +1,482 @@
+//! Decoding on the GPU: attention of a few new query tokens over a KV cache (contiguous or
+//! paged), with split-KV (FlashDecoding) and GQA packing, and the merge of attention states.
+//! [`validate`] checks the call (reading the cache lengths and block table back),
+//! [`splits`] picks the number of key splits, and this file launches.
+
+mod splits;
+mod validate;
+
+use flash_attn_kernels::config::{APPEND_THREADS, COMBINE_THREADS, MAX_DECODE_SPLITS};
+use flash_attn_kernels::params::{
+    AppendParams, CombineParams, DecodeParams, KvLayout, MaskArgs, RowStatsRef, SeqDims, TensorRef,
+    FLAG_CAUSAL,
+};
+use flash_attn_kernels::registry::{self, KernelDType, MaskKind};
+
+use crate::device::Device;
+use crate::dtype::{DType, Element};
+use crate::error::{FlashError, Result};
+use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
+use crate::fwd::validate::check_dtype;
+use crate::launch::launch;
+use crate::params::AttnParams;
+use crate::tensor::DeviceTensor;
+
+pub use splits::decode_splits;
+use validate::{check_cache, check_merge, CacheCall};
+
+/// A KV cache on the device, as FlashAttention's `flash_attn_with_kvcache` takes it.
+///
+/// - Contiguous: `k` and `v` are `[B, capacity, Hkv, d]`; sequence `b`'s keys are rows
+///   `0 .. seqlens[b]` of entry `b`.
+/// - Paged (`block_table` given): `k` and `v` are `[num_pages, page_size, Hkv, d]` with
+///   `page_size` a multiple of 16, and `block_table` is `[B, max_pages]` i32: key `j` of
+///   sequence `b` is row `j % page_size` of page `block_table[b, j / page_size]` (the vLLM
+///   layout).
+///
+/// `seqlens` (`[B]` i32) holds the keys cached per sequence before the call. The cache may
+/// hold anything past them; those rows are never read.
+pub struct KvCache<'a, T> {
+    /// Key cache (new keys are written into it).
+    pub k: &'a mut DeviceTensor<T>,
+    /// Value cache (new values are written into it).
+    pub v: &'a mut DeviceTensor<T>,
+    /// Cached keys per sequence, `[B]` i32.
+    pub seqlens: &'a DeviceTensor<i32>,
+    /// Pages per sequence, `[B, max_pages]` i32, for a paged cache.
+    pub block_table: Option<&'a DeviceTensor<i32>>,
+}
+
+/// Keys and values of the new tokens, `[B, N_new, Hkv, d]` each, appended to the cache by
+/// [`attn_with_kvcache`] before attending.
+#[derive(Clone, Copy)]
+pub struct NewKv<'a, T> {
+    /// New keys.
+    pub k: &'a DeviceTensor<T>,
+    /// New values.
+    pub v: &'a DeviceTensor<T>,
+}
+
+/// Options of the decode path beyond [`AttnParams`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Number of key splits (1 to 128); `None` picks it from the batch, the heads, the
+    /// lengths and the SM count ([`decode_splits`]).
+    pub num_splits: Option<usize>,
+}
+
+/// Attention of new queries over a KV cache on the GPU (FlashDecoding): returns O
+/// `[B, Nq, Hq, d]` and LSE `[B, Hq, Nq]` (f32, natural log).
+///
+/// `q` is `[B, Nq, Hq, d]` (typically 1 to 16 new tokens per sequence). With `new_kv`, its
+/// keys and values are first written into the cache at positions `seqlens[b] ..
+/// seqlens[b] + N_new` of each sequence (the caller then advances `seqlens`), and sequence `b`
+/// attends to `seqlens[b] + N_new` keys; else to `seqlens[b]`. Causal masking is aligned to
+/// the bottom-right of each sequence: new token `i` sees keys `j ≤ i + len_b − Nq`. A sequence
+/// with no visible key gets O = 0 and LSE = −∞. GQA/MQA: the query heads of one KV head share
+/// one block, so each byte of the cache is read once per group.
+///
+/// Validation reads `seqlens` and `block_table` back to the host (one small blocking copy
+/// each) to check every length against the cache and every page index the lengths reach
+/// against the pages before anything is launched.
+pub fn attn_with_kvcache<T: Element>(
+    dev: &Device,
+    q: &DeviceTensor<T>,
+    cache: KvCache<'_, T>,
+    new_kv: Option<NewKv<'_, T>>,
+    params: &AttnParams,
+    options: &DecodeOptions,
+) -> Result<(DeviceTensor<T>, DeviceTensor<f32>)> {
+    let s = q.shape();
+    if s.len() != 4 {
+        return Err(FlashError::Shape(format!(
+            "Q must have rank 4 [B, Nq, Hq, d], got shape {s:?}"
+        )));
+    }
+    let mut o = DeviceTensor::uninit(dev, s)?;
+    let mut lse = DeviceTensor::uninit(dev, &[s[0], s[2], s[1]])?;
+    attn_with_kvcache_into(dev, q, cache, new_kv, params, options, &mut o, &mut lse)?;
+    Ok((o, lse))
+}
+
+/// [`attn_with_kvcache`] writing into caller-provided O and LSE.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_with_kvcache_into<T: Element>(
+    dev: &Device,
+    q: &DeviceTensor<T>,
+    cache: KvCache<'_, T>,
+    new_kv: Option<NewKv<'_, T>>,
+    params: &AttnParams,
+    options: &DecodeOptions,
+    o: &mut DeviceTensor<T>,
+    lse: &mut DeviceTensor<f32>,
+) -> Result<()> {
+    check_dtype::<T>()?;
+    let call = check_cache(dev, q, &cache, new_kv, o, lse)?;
+    let scale_log2 = params.scale_log2(call.head_dim)?;
+    let kernel = decode_kernel::<T>(call.head_dim)?;
+    let splits = pick_splits(dev, &call, kernel.tile(dev).block_m(), options)?;
+    let padded_d = padded_head_dim(call.head_dim);
+
+    let layout = |seqlens: u64, appended: usize| KvLayout {
+        block_table: cache.block_table.map_or(0, |t| t.device_address(dev)),
+        table_stride: cache.block_table.map_or(0, |t| t.strides()[0] as u32),
+        page_size: call.page_size as u32,
+        seqlens,
+        appended: appended as u32,
+        reserved: 0,
+    };
+    let seqlens = cache.seqlens.device_address(dev);
+    if let Some(new) = new_kv {
+        let p = AppendParams {
+            k_new: raw_operand(dev, new.k),
+            v_new: raw_operand(dev, new.v),
+            k: raw_operand(dev, cache.k),
+            v: raw_operand(dev, cache.v),
+            kv: layout(seqlens, call.appended),
+            batch: call.batch as u32,
+            heads_kv: call.heads_kv as u32,
+            head_dim: call.head_dim as u32,
+            reserved: 0,
+        };
+        let total = call.batch * call.appended * call.heads_kv * call.head_dim;
+        let blocks = total.div_ceil(APPEND_THREADS).clamp(1, 65_535 * 16) as u32;
+        // SAFETY: the new tensors and the caches match `p` (checked); every target key lies
+        // inside the cache, through pages the block table names (checked on the host).
+        unsafe {
+            launch(
+                dev,
+                registry::APPEND_KERNEL,
+                (blocks, 1, 1),
+                APPEND_THREADS as u32,
+                0,
+                p,
+            )?
+        };
+    }
+    let k_packed = packed_input(dev, cache.k, padded_d)?;
+    let v_packed = packed_input(dev, cache.v, padded_d)?;
+    let args = LaunchArgs {
+        q,
+        k: operand(dev, cache.k, &k_packed),
+        v: operand(dev, cache.v, &v_packed),
+        kv: layout(seqlens, call.appended),
+        dims: SeqDims {
+            batch: call.batch as u32,
+            heads_q: call.heads_q as u32,
+            heads_kv: call.heads_kv as u32,
+            seqlen_q: call.seqlen_q as u32,
+            seqlen_k: 0,
+            head_dim: padded_d as u32,
+        },
+        head_dim: call.head_dim,
+        scale_log2,
+        causal: params.causal,
+        splits,
+    };
+    run_decode(dev, kernel, &args, o, lse)
+}
+
+/// Forward attention through the decode kernels, for [`crate::flash_attn`] when there are
+/// few queries and many keys: contiguous K/V, every sequence `seqlen_k` long. Returns
+/// `false` (nothing launched) when the split-KV path would not split.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn forward_via_decode<T: Element>(
+    dev: &Device,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    shape: &crate::shape::AttnShape,
+    params: &AttnParams,
+    o: &mut DeviceTensor<T>,
+    lse: &mut DeviceTensor<f32>,
+) -> Result<bool> {
+    if shape.seqlen_q > FORWARD_DECODE_MAX_Q {
+        return Ok(false);
+    }
+    let kernel = decode_kernel::<T>(shape.head_dim)?;
+    let rows = shape.group_size() * shape.seqlen_q;
+    let blocks = shape.batch * shape.heads_kv * rows.div_ceil(kernel.tile(dev).block_m());
+    let splits = decode_splits(dev.sm_count(), blocks, shape.seqlen_k);
+    if splits <= 1 {
+        return Ok(false);
+    }
+    let padded_d = padded_head_dim(shape.head_dim);
+    let k_packed = packed_input(dev, k, padded_d)?;
+    let v_packed = packed_input(dev, v, padded_d)?;
+    let args = LaunchArgs {
+        q,
+        k: operand(dev, k, &k_packed),
+        v: operand(dev, v, &v_packed),
+        kv: KvLayout::default(),
+        dims: SeqDims {
+            batch: shape.batch as u32,
+            heads_q: shape.heads_q as u32,
+            heads_kv: shape.heads_kv as u32,
+            seqlen_q: shape.seqlen_q as u32,
+            seqlen_k: shape.seqlen_k as u32,
+            head_dim: padded_d as u32,
+        },
+        head_dim: shape.head_dim,
+        scale_log2: params.scale_log2(shape.head_dim)?,
+        causal: params.causal,
+        splits: Splits::new(splits, shape.seqlen_k),
+    };
+    run_decode(dev, kernel, &args, o, lse)?;
+    Ok(true)
+}
+
+/// Queries per sequence up to which [`crate::flash_attn`] considers the split-KV path.
+pub(crate) const FORWARD_DECODE_MAX_Q: usize = 16;
+
+/// Merges two attention states over disjoint key sets into the state over their union:
+/// `LSE = log(exp LSE₁ + exp LSE₂)`, `O = exp(LSE₁ − LSE)·O₁ + exp(LSE₂ − LSE)·O₂` (for prefix
+/// sharing, or results computed on different devices). O's are `[B, N, H, d]` (f16/bf16),
+/// LSE's `[B, H, N]` f32 natural log, as [`crate::flash_attn`] returns them. A state with
+/// LSE = −∞ (no key) contributes nothing, whatever its O; both −∞ give O = 0, LSE = −∞.
+pub fn merge_attention_states<T: Element>(
+    dev: &Device,
+    (o1, lse1): (&DeviceTensor<T>, &DeviceTensor<f32>),
+    (o2, lse2): (&DeviceTensor<T>, &DeviceTensor<f32>),
+) -> Result<(DeviceTensor<T>, DeviceTensor<f32>)> {
+    check_dtype::<T>()?;
+    let dims = check_merge(dev, [(o1, lse1), (o2, lse2)])?;
+    let [b, n, h, d] = dims;
+    let padded_d = padded_head_dim(d);
+    let mut o = DeviceTensor::<T>::uninit(dev, &dims)?;
+    let lse = DeviceTensor::<f32>::uninit(dev, &[b, h, n])?;
+    let p1 = packed_input(dev, o1, padded_d)?;
+    let p2 = packed_input(dev, o2, padded_d)?;
+    let o_packed = packed_output(dev, &o, padded_d)?;
+    let p = CombineParams {
+        o: operand(dev, &o, &o_packed),
+        lse: stats(dev, &lse),
+        state_o: [operand(dev, o1, &p1), operand(dev, o2, &p2)],
+        state_lse: [stats(dev, lse1), stats(dev, lse2)],
+        dims: SeqDims {
+            batch: b as u32,
+            heads_q: h as u32,
+            heads_kv: h as u32,
+            seqlen_q: n as u32,
+            seqlen_k: 0,
+            head_dim: padded_d as u32,
+        },
+        num_splits: 2,
+        ..CombineParams::default()
+    };
+    let name = registry::MERGE_KERNELS[kernel_dtype::<T>() as usize];
+    launch_combine(dev, name, b * h * n, p)?;
+    if let Some(packed) = &o_packed {
+        scatter_output(dev, &mut o, packed, d, padded_d)?;
+    }
+    Ok((o, lse))
+}
+
+/// How the keys are split: the count and the keys per split (a multiple of 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Splits {
+    count: usize,
+    keys: usize,
+}
+
+impl Splits {
+    /// `wanted` splits of `max_keys` keys, in whole steps of 16 keys, without empty trailing
+    /// splits.
+    fn new(wanted: usize, max_keys: usize) -> Self {
+        let steps = max_keys.div_ceil(16).max(1);
+        let per = steps.div_ceil(wanted.max(1));
+        Self {
+            count: steps.div_ceil(per),
+            keys: 16 * per,
+        }
+    }
+}
+
+/// The splits of a validated call: forced by `options` or chosen by [`decode_splits`].
+fn pick_splits(
+    dev: &Device,
+    call: &CacheCall,
+    block_m: usize,
+    options: &DecodeOptions,
+) -> Result<Splits> {
+    let wanted = match options.num_splits {
+        Some(n) if (1..=MAX_DECODE_SPLITS).contains(&n) => n,
+        Some(n) => {
+            return Err(FlashError::Param(format!(
+                "num_splits must be 1..={MAX_DECODE_SPLITS}, got {n}"
+            )))
+        }
+        None => {
+            let rows = call.heads_q / call.heads_kv * call.seqlen_q;
+            let blocks = call.batch * call.heads_kv * rows.div_ceil(block_m);
+            decode_splits(dev.sm_count(), blocks, call.max_keys)
+        }
+    };
+    Ok(Splits::new(wanted, call.max_keys))
+}
+
+/// The decode kernel for `T` and a head dim.
+fn decode_kernel<T: Element>(head_dim: usize) -> Result<DecodeKernel> {
+    let row =
+        registry::decode_kernel(head_dim, MaskKind::Causal).ok_or(FlashError::HeadDim(head_dim))?;
+    Ok(DecodeKernel {
+        name: row.name(kernel_dtype::<T>()),
+        row: *row,
+    })
+}
+
+/// A chosen decode kernel.
+#[derive(Clone, Copy)]
+struct DecodeKernel {
+    name: &'static str,
+    row: registry::DecodeKernel,
+}
+
+impl DecodeKernel {
+    /// The kernel's tile on `dev`'s target.
+    fn tile(&self, dev: &Device) -> flash_attn_kernels::config::DecodeTile {
+        self.row.tile(dev.arch())
+    }
+}
+
+fn kernel_dtype<T: Element>() -> KernelDType {
+    match T::DTYPE {
+        DType::BF16 => KernelDType::Bf16,
+        _ => KernelDType::F16,
+    }
+}
+
+/// Everything [`run_decode`] needs besides O and LSE.
+struct LaunchArgs<'a, T> {
+    q: &'a DeviceTensor<T>,
+    k: TensorRef,
+    v: TensorRef,
+    kv: KvLayout,
+    dims: SeqDims,
+    head_dim: usize,
+    scale_log2: f32,
+    causal: bool,
+    splits: Splits,
+}
+
+/// Launches the decode kernel (and the combine when the keys are split), handling unaligned
+/// Q and O through padded copies.
+fn run_decode<T: Element>(
+    dev: &Device,
+    kernel: DecodeKernel,
+    a: &LaunchArgs<'_, T>,
+    o: &mut DeviceTensor<T>,
+    lse: &mut DeviceTensor<f32>,
+) -> Result<()> {
+    let tile = kernel.tile(dev);
+    let padded_d = a.dims.head_dim as usize;
+    let q_packed = packed_input(dev, a.q, padded_d)?;
+    let o_packed = packed_output(dev, o, padded_d)?;
+    let (b, hq, nq) = (
+        a.dims.batch as usize,
+        a.dims.heads_q as usize,
+        a.dims.seqlen_q as usize,
+    );
+    let rows = hq / a.dims.heads_kv as usize * nq;
+    let row_tiles = rows.div_ceil(tile.block_m());
+    let splits = a.splits.count;
+    let part_rows = splits
+        .checked_mul(b * hq * nq)
+        .filter(|&n| n.checked_mul(padded_d).is_some_and(|e| e < (1 << 40)))
+        .ok_or_else(|| FlashError::TooLarge("decode partial outputs overflow".into()))?;
+    let (o_part, lse_part) = if splits > 1 {
+        (
+            Some(DeviceTensor::<f32>::uninit(dev, &[part_rows, padded_d])?),
+            Some(DeviceTensor::<f32>::uninit(dev, &[part_rows])?),
+        )
+    } else {
+        (None, None)
+    };
+    let grid_x = splits
+        .checked_mul(row_tiles)
+        .filter(|&x| x <= i32::MAX as usize)
+        .ok_or_else(|| FlashError::TooLarge("decode grid overflows".into()))?;
+    let p = DecodeParams {
+        q: operand(dev, a.q, &q_packed),
+        k: a.k,
+        v: a.v,
+        o: operand(dev, o, &o_packed),
+        lse: stats(dev, lse),
+        dims: a.dims,
+        scale_log2: a.scale_log2,
+        mask: MaskArgs {
+            flags: if a.causal { FLAG_CAUSAL } else { 0 },
+        },
+        kv: a.kv,
+        o_part: o_part.as_ref().map_or(0, |t| t.device_address(dev)),
+        lse_part: lse_part.as_ref().map_or(0, |t| t.device_address(dev)),
+        num_splits: splits as u32,
+        split_keys: a.splits.keys as u32,
+        row_tiles: row_tiles as u32,
+        reserved: 0,
+    };
+    // SAFETY: every address and stride in `p` comes from live, validated tensors; the
+    // partials cover `splits × B × Hq × Nq` rows; grid, block and shared memory are the tile's.
+    unsafe {
+        launch(
+            dev,
+            kernel.name,
+            (grid_x as u32, a.dims.heads_kv, a.dims.batch),
+            tile.threads() as u32,
+            tile.smem_bytes(),
+            p,
+        )?
+    };
+    if splits > 1 {
+        let c = CombineParams {
+            o: p.o,
+            lse: p.lse,
+            dims: a.dims,
+            num_splits: splits as u32,
+            o_part: p.o_part,
+            lse_part: p.lse_part,
+            ..CombineParams::default()
+        };
+        let name = registry::DECODE_COMBINE_KERNELS[kernel_dtype::<T>() as usize];
+        launch_combine(dev, name, b * hq * nq, c)?;
+    }
+    if let Some(packed) = &o_packed {
+        scatter_output(dev, o, packed, a.head_dim, padded_d)?;
+    }
+    Ok(())
+}
+
+/// Launches a combine or merge kernel over `rows` output rows (one warp each).
+fn launch_combine(dev: &Device, name: &'static str, rows: usize, p: CombineParams) -> Result<()> {
+    let per_block = COMBINE_THREADS / 32;
+    let blocks = rows.div_ceil(per_block);
+    if blocks > i32::MAX as usize {
+        return Err(FlashError::TooLarge(format!("{rows} rows to merge")));
+    }
+    // SAFETY: `p` describes live outputs and states of `rows` rows.
+    unsafe {
+        launch(
+            dev,
+            name,
+            (blocks as u32, 1, 1),
+            COMBINE_THREADS as u32,
+            0,
+            p,
+        )
+    }
+}
+
+/// The kernel's view of an f32 `[B, H, N]` statistics tensor.
+fn stats(dev: &Device, t: &DeviceTensor<f32>) -> RowStatsRef {
+    RowStatsRef {
+        ptr: t.device_address(dev),
+        batch_stride: t.strides()[0] as u64,
+        head_stride: t.strides()[1] as u64,
+    }
+}
+
+/// A tensor's address and strides as they are (no padded copy: the append kernel takes any
+/// layout).
+fn raw_operand<T: Element>(dev: &Device, t: &DeviceTensor<T>) -> TensorRef {
+    operand(dev, t, &None)
+}
