@@ -9,11 +9,12 @@
 use crate::error::{CliError, Result};
 use flash_attn::{DType, Element};
 use half::{bf16, f16};
-use ndarray::Array4;
+use ndarray::{Array, Array4, Dimension, IxDyn};
+use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensors};
 use std::fs::File;
 use std::io::{ErrorKind, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Cap on a `.npy` header. NumPy itself refuses headers over 10 000 bytes by default
 /// (`np.load(max_header_size=...)`); 1 MiB leaves room for any real array.
@@ -116,6 +117,30 @@ impl FileElement for f32 {
     }
 }
 
+impl FileElement for i32 {
+    const HAS_NPY: bool = true;
+    fn put_le(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.to_le_bytes());
+    }
+    const ST_DTYPE: Dtype = Dtype::I32;
+    fn from_le(b: &[u8]) -> Self {
+        i32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+    fn write_npy(
+        w: &mut dyn std::io::Write,
+        shape: &[usize],
+        values: &[Self],
+    ) -> Option<std::io::Result<()>> {
+        Some(npyz_write(w, shape, values))
+    }
+}
+
+/// The floating-point element types of attention inputs.
+pub const FLOAT_DTYPES: &[DType] = &[DType::F16, DType::BF16, DType::F32];
+
+/// What [`read_safetensors`] says when a tensor is not one of [`FLOAT_DTYPES`].
+pub const FLOAT_SUPPORTED: &str = "F16, BF16 or F32 is supported";
+
 /// A tensor read from a file, before its element type is known statically.
 #[derive(Debug)]
 pub struct RawTensor {
@@ -146,6 +171,38 @@ impl RawTensor {
             path: self.name.clone().into(),
             message: e.to_string(),
         })
+    }
+
+    /// Decodes into an array of `T` of rank `D` (`layout`, such as `[B]`, names its dims in
+    /// the error of another rank). Fails with [`CliError::Format`] (naming the tensor) when
+    /// the tensor is not of `T`'s dtype or has another rank.
+    pub fn to_array_nd<T: FileElement, D: Dimension>(&self, layout: &str) -> Result<Array<T, D>> {
+        let error = |message: String| CliError::Format {
+            path: format!("tensor `{}`", self.name).into(),
+            message,
+        };
+        if self.dtype != T::DTYPE {
+            return Err(error(format!(
+                "is {:?}, expected {:?}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        let rank = D::NDIM.unwrap_or(self.shape.len());
+        if self.shape.len() != rank {
+            return Err(error(format!(
+                "must have rank {rank} {layout}, got shape {:?}",
+                self.shape
+            )));
+        }
+        let data: Vec<T> = self
+            .bytes
+            .chunks_exact(T::DTYPE.size())
+            .map(T::from_le)
+            .collect();
+        Array::from_shape_vec(IxDyn(&self.shape), data)
+            .and_then(|a| a.into_dimensionality::<D>())
+            .map_err(|e| error(e.to_string()))
     }
 }
 
@@ -235,74 +292,125 @@ impl<'a> Source<'a> {
     }
 }
 
-/// Reads the tensors `names` (Q, K, V, and dO for the backward pass) from a safetensors file.
+/// A safetensors file read through the bounded reader and validated, whose tensors are then
+/// looked up by name (each copied out once when asked for).
+pub struct SafetensorsFile {
+    path: PathBuf,
+    /// The whole file.
+    bytes: Vec<u8>,
+    /// The header's length in bytes (the data starts at `8 + header_len`).
+    header_len: usize,
+    metadata: Metadata,
+}
+
+impl SafetensorsFile {
+    /// Reads and validates a whole safetensors file: the header length is capped
+    /// ([`MAX_SAFETENSORS_HEADER`]) before anything is allocated, and the data is read up to
+    /// the size the header declares and no further.
+    pub fn read(path: &Path) -> Result<Self> {
+        let mut src = Source::open(path)?;
+        let prefix = src.read_exact(8, "the header length")?;
+        let n = u64::from_le_bytes(prefix[..8].try_into().expect("8 bytes"));
+        if n > MAX_SAFETENSORS_HEADER {
+            return Err(CliError::HeaderTooLarge {
+                path: path.into(),
+                len: n,
+                max: MAX_SAFETENSORS_HEADER,
+            });
+        }
+        let header = src.read_exact(n, "the header")?;
+        let format = |message: String| CliError::Format {
+            path: path.into(),
+            message,
+        };
+        let metadata: Metadata = serde_json::from_slice(&header)
+            .map_err(|e| format(format!("not a safetensors file (invalid header: {e})")))?;
+        let data_len = metadata
+            .tensors()
+            .values()
+            .map(|t| t.data_offsets.1)
+            .max()
+            .unwrap_or(0);
+        let data = src.read_exact(data_len as u64, "the tensor data")?;
+        src.expect_end()?;
+        let mut bytes = prefix;
+        bytes.extend_from_slice(&header);
+        bytes.extend_from_slice(&data);
+        drop(data);
+        let (header_len, metadata) = SafeTensors::read_metadata(&bytes)
+            .map_err(|e| format(format!("not a valid safetensors file: {e}")))?;
+        Ok(SafetensorsFile {
+            path: path.into(),
+            bytes,
+            header_len,
+            metadata,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The names of the tensors the file holds, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.metadata.tensors().into_keys().collect();
+        names.sort();
+        names
+    }
+
+    /// The tensor `name`, or `None` when the file has none of that name. Its dtype must be
+    /// one of `accept` (F16, BF16, F32 or I32): any other is a [`CliError::UnsupportedDtype`]
+    /// that says `supported`.
+    pub fn tensor(
+        &self,
+        name: &str,
+        accept: &[DType],
+        supported: &'static str,
+    ) -> Result<Option<RawTensor>> {
+        let Some(info) = self.metadata.info(name) else {
+            return Ok(None);
+        };
+        let dtype = match info.dtype {
+            Dtype::F16 => Some(DType::F16),
+            Dtype::BF16 => Some(DType::BF16),
+            Dtype::F32 => Some(DType::F32),
+            Dtype::I32 => Some(DType::I32),
+            _ => None,
+        };
+        let Some(dtype) = dtype.filter(|d| accept.contains(d)) else {
+            return Err(CliError::UnsupportedDtype {
+                path: self.path.clone(),
+                dtype: format!("{} (tensor `{name}`)", info.dtype),
+                supported,
+            });
+        };
+        let (start, end) = info.data_offsets;
+        let base = 8 + self.header_len;
+        Ok(Some(RawTensor {
+            name: name.to_string(),
+            dtype,
+            shape: info.shape.clone(),
+            bytes: self.bytes[base + start..base + end].to_vec(),
+        }))
+    }
+}
+
+/// Reads the tensors `names` (Q, K, V, and dO for the backward pass) from a safetensors file;
+/// each must be F16, BF16 or F32.
 pub fn read_safetensors<const N: usize>(
     path: &Path,
     names: &[String; N],
 ) -> Result<[RawTensor; N]> {
-    let mut src = Source::open(path)?;
-    let prefix = src.read_exact(8, "the header length")?;
-    let n = u64::from_le_bytes(prefix[..8].try_into().expect("8 bytes"));
-    if n > MAX_SAFETENSORS_HEADER {
-        return Err(CliError::HeaderTooLarge {
-            path: path.into(),
-            len: n,
-            max: MAX_SAFETENSORS_HEADER,
-        });
-    }
-    let header = src.read_exact(n, "the header")?;
-    let format = |message: String| CliError::Format {
-        path: path.into(),
-        message,
-    };
-    let metadata: safetensors::tensor::Metadata = serde_json::from_slice(&header)
-        .map_err(|e| format(format!("not a safetensors file (invalid header: {e})")))?;
-    let data_len = metadata
-        .tensors()
-        .values()
-        .map(|t| t.data_offsets.1)
-        .max()
-        .unwrap_or(0);
-    let data = src.read_exact(data_len as u64, "the tensor data")?;
-    src.expect_end()?;
-    let mut file = prefix;
-    file.extend_from_slice(&header);
-    file.extend_from_slice(&data);
-    drop(data);
-    let st = SafeTensors::deserialize(&file)
-        .map_err(|e| format(format!("not a valid safetensors file: {e}")))?;
-    let get = |name: &String| -> Result<RawTensor> {
-        let view = st.tensor(name).map_err(|_| {
-            let mut have = st.names();
-            have.sort();
-            CliError::MissingTensor {
-                path: path.into(),
-                name: name.clone(),
-                have: have.join(", "),
-            }
-        })?;
-        let dtype = match view.dtype() {
-            Dtype::F16 => DType::F16,
-            Dtype::BF16 => DType::BF16,
-            Dtype::F32 => DType::F32,
-            other => {
-                return Err(CliError::UnsupportedDtype {
-                    path: path.into(),
-                    dtype: format!("{other} (tensor `{name}`)"),
-                    supported: "F16, BF16 or F32 is supported",
-                })
-            }
-        };
-        Ok(RawTensor {
-            name: name.clone(),
-            dtype,
-            shape: view.shape().to_vec(),
-            bytes: view.data().to_vec(),
-        })
-    };
+    let file = SafetensorsFile::read(path)?;
     let mut tensors = Vec::with_capacity(N);
     for name in names {
-        tensors.push(get(name)?);
+        let tensor = file.tensor(name, FLOAT_DTYPES, FLOAT_SUPPORTED)?;
+        tensors.push(tensor.ok_or_else(|| CliError::MissingTensor {
+            path: path.into(),
+            name: name.clone(),
+            have: file.names().join(", "),
+        })?);
     }
     Ok(tensors
         .try_into()

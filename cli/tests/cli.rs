@@ -6,10 +6,10 @@
 //! where that path does not exist, it is `bin/flash-attn-cli` next to the `tests/` directory,
 //! and `FLASH_ATTN_CLI` overrides both.
 
-use flash_attn::cpu::attention_reference;
+use flash_attn::cpu::{attention_cpu, attention_reference, gather_sequence};
 use flash_attn::AttnParams;
 use half::{bf16, f16};
-use ndarray::{Array3, Array4, ArrayD, IxDyn};
+use ndarray::{s, Array2, Array3, Array4, ArrayD, IxDyn};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
 use std::path::{Path, PathBuf};
@@ -639,4 +639,416 @@ fn backward_writes_the_library_gradients() {
     backward_matches_library::<f32>(false);
     backward_matches_library::<bf16>(true);
     backward_matches_library::<f16>(true);
+}
+
+/// A tensor to write: name, dtype, shape and little-endian bytes.
+type RawEntry = (String, Dtype, Vec<usize>, Vec<u8>);
+
+/// Writes raw tensors to a safetensors file.
+fn write_raw(path: &Path, tensors: &[RawEntry]) {
+    let views: Vec<(&str, TensorView)> = tensors
+        .iter()
+        .map(|(name, dtype, shape, bytes)| {
+            (
+                name.as_str(),
+                TensorView::new(*dtype, shape.clone(), bytes).unwrap(),
+            )
+        })
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// The inputs of one `--decode` call.
+#[derive(Clone)]
+struct DecodeCase<T> {
+    q: Array4<T>,
+    k_cache: Array4<T>,
+    v_cache: Array4<T>,
+    seqlens: Vec<i32>,
+    block_table: Option<Array2<i32>>,
+    new_kv: Option<(Array4<T>, Array4<T>)>,
+}
+
+/// An array of `dims` with deterministic values in [-2, 2).
+fn random4<T: Elem>(dims: [usize; 4], seed: u64) -> Array4<T> {
+    let n = dims.iter().product();
+    Array4::from_shape_vec(dims, random(n, seed).into_iter().map(T::from_f32).collect()).unwrap()
+}
+
+/// B = 3 sequences holding 20, 0 and 30 keys, Nq = 2, Hq = 4, Hkv = 2, d = 16, and
+/// `appended` new keys (0: none). Contiguous: capacity 40. Paged: 8 pages of 16, three table
+/// slots per sequence, used slots scattered over the pages and unused ones −1.
+fn decode_case<T: Elem>(paged: bool, appended: usize) -> DecodeCase<T> {
+    let (batch, hkv, d) = (3, 2, 16);
+    let cache_dims = if paged {
+        [8, 16, hkv, d]
+    } else {
+        [batch, 40, hkv, d]
+    };
+    DecodeCase {
+        q: random4([batch, 2, 4, d], 11),
+        k_cache: random4(cache_dims, 12),
+        v_cache: random4(cache_dims, 13),
+        seqlens: vec![20, 0, 30],
+        block_table: paged
+            .then(|| Array2::from_shape_vec((3, 3), vec![5, 2, -1, 1, -1, -1, 0, 6, 3]).unwrap()),
+        new_kv: (appended > 0).then(|| {
+            (
+                random4([batch, appended, hkv, d], 14),
+                random4([batch, appended, hkv, d], 15),
+            )
+        }),
+    }
+}
+
+/// The tensors of a decode input file.
+fn decode_tensors<T: Elem>(case: &DecodeCase<T>) -> Vec<RawEntry> {
+    let float =
+        |name: &str, a: &Array4<T>| (name.to_string(), T::DTYPE, a.shape().to_vec(), bytes_of(a));
+    let ints = |name: &str, shape: Vec<usize>, values: &mut dyn Iterator<Item = &i32>| {
+        let bytes = values.flat_map(|x| x.to_le_bytes()).collect();
+        (name.to_string(), Dtype::I32, shape, bytes)
+    };
+    let mut tensors = vec![
+        float("q", &case.q),
+        float("k_cache", &case.k_cache),
+        float("v_cache", &case.v_cache),
+        ints(
+            "cache_seqlens",
+            vec![case.seqlens.len()],
+            &mut case.seqlens.iter(),
+        ),
+    ];
+    if let Some(t) = &case.block_table {
+        tensors.push(ints("block_table", t.shape().to_vec(), &mut t.iter()));
+    }
+    if let Some((k, v)) = &case.new_kv {
+        tensors.push(float("k_new", k));
+        tensors.push(float("v_new", v));
+    }
+    tensors
+}
+
+/// What `--decode` must write on the CPU: the caches with the new keys appended (by hand
+/// here), and per sequence `attention_cpu` over the keys `gather_sequence` reads from them.
+fn expected_decode<T: Elem + flash_attn::Element>(
+    case: &DecodeCase<T>,
+    params: &AttnParams,
+) -> (Array4<T>, Array3<f32>, Array4<T>, Array4<T>) {
+    let (mut k, mut v) = (case.k_cache.clone(), case.v_cache.clone());
+    let appended = case.new_kv.as_ref().map_or(0, |(k, _)| k.dim().1);
+    if let Some((k_new, v_new)) = &case.new_kv {
+        for (b, &cached) in case.seqlens.iter().enumerate() {
+            for t in 0..appended {
+                let j = cached as usize + t;
+                let (entry, row) = match &case.block_table {
+                    None => (b, j),
+                    Some(table) => (table[[b, j / 16]] as usize, j % 16),
+                };
+                k.slice_mut(s![entry, row, .., ..])
+                    .assign(&k_new.slice(s![b, t, .., ..]));
+                v.slice_mut(s![entry, row, .., ..])
+                    .assign(&v_new.slice(s![b, t, .., ..]));
+            }
+        }
+    }
+    let (batch, nq, hq, d) = case.q.dim();
+    let mut o = Array4::from_elem((batch, nq, hq, d), <T as Elem>::from_f32(0.0));
+    let mut lse = Array3::from_elem((batch, hq, nq), f32::NEG_INFINITY);
+    for (b, &cached) in case.seqlens.iter().enumerate() {
+        let len = cached as usize + appended;
+        if len == 0 {
+            continue;
+        }
+        let table = case.block_table.as_ref().map(|t| t.view());
+        let (kg, vg) = gather_sequence(k.view(), v.view(), table, b, len);
+        let q_b = case.q.slice(s![b..b + 1, .., .., ..]);
+        let (o_b, lse_b) = attention_cpu(q_b, kg.view(), vg.view(), params).unwrap();
+        o.slice_mut(s![b..b + 1, .., .., ..]).assign(&o_b);
+        lse.slice_mut(s![b..b + 1, .., ..]).assign(&lse_b);
+    }
+    (o, lse, k, v)
+}
+
+/// The output file's metadata.
+fn output_metadata(path: &Path) -> std::collections::HashMap<String, String> {
+    let bytes = std::fs::read(path).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    meta.metadata().clone().unwrap_or_default()
+}
+
+/// Runs `--decode --cpu` on `case` and checks that the four outputs equal (bit for bit)
+/// [`expected_decode`], and the metadata.
+fn decode_matches_library<T: Elem + flash_attn::Element>(case: &DecodeCase<T>, causal: bool) {
+    let dir = TempDir::new("decode");
+    let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
+    write_raw(&input, &decode_tensors(case));
+    let mut args = vec![
+        input.to_str().unwrap(),
+        "--decode",
+        "--cpu",
+        "--scale",
+        "0.3",
+        "-o",
+        output.to_str().unwrap(),
+    ];
+    if causal {
+        args.push("--causal");
+    }
+    let stderr = run_ok(&args);
+    assert!(stderr.contains("backend: CPU (--cpu)"), "{stderr}");
+    let params = AttnParams {
+        causal,
+        softmax_scale: Some(0.3),
+    };
+    let (o, lse, k, v) = expected_decode(case, &params);
+    let wide = |a: &Array4<T>| a.mapv(Elem::to_f64).into_dyn();
+    let expected = [
+        ("o", <T as Elem>::DTYPE, wide(&o)),
+        ("lse", Dtype::F32, lse.mapv(f64::from).into_dyn()),
+        ("k_cache", <T as Elem>::DTYPE, wide(&k)),
+        ("v_cache", <T as Elem>::DTYPE, wide(&v)),
+    ];
+    for (name, dtype, want) in expected {
+        let got = read_tensor::<T>(&output, name, dtype);
+        assert_eq!(got.shape(), want.shape(), "{name}: shape");
+        let same = got.iter().zip(&want).all(|(a, b)| a == b);
+        assert!(same, "{name}: the CLI's output differs from the library's");
+    }
+    // The caches changed exactly where keys were appended.
+    let changed = wide(&k)
+        .iter()
+        .zip(&wide(&case.k_cache))
+        .filter(|(a, b)| a != b)
+        .count();
+    let appended = case.new_kv.as_ref().map_or(0, |(k, _)| k.dim().1);
+    assert_eq!(
+        changed,
+        3 * appended * 2 * 16,
+        "rows written into the K cache"
+    );
+    // Sequence 1 without new keys sees nothing: O = 0, LSE = −∞.
+    if appended == 0 {
+        assert!(lse
+            .slice(s![1, .., ..])
+            .iter()
+            .all(|&x| x == f32::NEG_INFINITY));
+        assert!(wide(&o).slice(s![1, .., .., ..]).iter().all(|&x| x == 0.0));
+    }
+    let meta = output_metadata(&output);
+    assert_eq!(meta.get("mode").map(String::as_str), Some("decode"));
+    assert_eq!(meta.get("backend").map(String::as_str), Some("cpu"));
+    assert_eq!(meta.get("causal"), Some(&causal.to_string()));
+    assert_eq!(meta.get("softmax_scale").map(String::as_str), Some("0.3"));
+}
+
+#[test]
+fn decode_contiguous_cache_on_the_cpu() {
+    decode_matches_library(&decode_case::<f32>(false, 0), false);
+    decode_matches_library(&decode_case::<f32>(false, 3), true);
+    decode_matches_library(&decode_case::<bf16>(false, 1), true);
+}
+
+#[test]
+fn decode_paged_cache_on_the_cpu() {
+    decode_matches_library(&decode_case::<f16>(true, 0), true);
+    decode_matches_library(&decode_case::<f16>(true, 3), false);
+    decode_matches_library(&decode_case::<bf16>(true, 2), true);
+    decode_matches_library(&decode_case::<f32>(true, 1), true);
+}
+
+/// Without `--cpu`, f16 decode runs on the GPU when there is one (and must, under
+/// `FLASH_ATTN_REQUIRE_GPU=1`), with `--num-splits` honoured there; either way the caches are
+/// updated exactly and O and LSE agree with the CPU backend's within f16 accuracy.
+#[test]
+fn decode_default_backend_matches_the_cpu() {
+    let dir = TempDir::new("decode-auto");
+    let case = decode_case::<f16>(true, 2);
+    let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
+    write_raw(&input, &decode_tensors(&case));
+    let out = output.to_str().unwrap();
+    let stderr = run_ok(&[
+        input.to_str().unwrap(),
+        "--decode",
+        "--causal",
+        "--num-splits",
+        "2",
+        "-o",
+        out,
+    ]);
+    let on_gpu = stderr.contains("backend: GPU");
+    if std::env::var("FLASH_ATTN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+        assert!(
+            on_gpu,
+            "FLASH_ATTN_REQUIRE_GPU=1 but the CLI ran on the CPU:\n{stderr}"
+        );
+    }
+    if !on_gpu {
+        assert!(stderr.contains("ignored on the CPU"), "{stderr}");
+    }
+    let params = AttnParams {
+        causal: true,
+        softmax_scale: None,
+    };
+    let (o, lse, k, v) = expected_decode(&case, &params);
+    for (name, want) in [("k_cache", &k), ("v_cache", &v)] {
+        let got = read_tensor::<f16>(&output, name, Dtype::F16);
+        let want = want.mapv(Elem::to_f64).into_dyn();
+        assert_eq!(got, want, "{name}");
+    }
+    let max_err = |got: ArrayD<f64>, want: ArrayD<f64>| {
+        got.iter().zip(&want).fold(0.0f64, |m, (&a, &b)| {
+            if a.is_infinite() || b.is_infinite() {
+                assert_eq!(a, b, "infinite LSE must match exactly");
+                m
+            } else {
+                m.max((a - b).abs())
+            }
+        })
+    };
+    let o_err = max_err(
+        read_tensor::<f16>(&output, "o", Dtype::F16),
+        o.mapv(Elem::to_f64).into_dyn(),
+    );
+    let lse_err = max_err(
+        read_tensor::<f16>(&output, "lse", Dtype::F32),
+        lse.mapv(f64::from).into_dyn(),
+    );
+    assert!(o_err <= 1e-2 && lse_err <= 1e-3, "O {o_err}, LSE {lse_err}");
+    assert_eq!(
+        output_metadata(&output).get("mode").map(String::as_str),
+        Some("decode")
+    );
+}
+
+/// Runs `--decode --cpu` on `tensors` and expects exit 1, no output file and an error
+/// message containing every one of `texts`.
+fn decode_fails(tensors: &[RawEntry], extra: &[&str], texts: &[&str]) {
+    let dir = TempDir::new("decode-err");
+    let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
+    write_raw(&input, tensors);
+    let mut args = vec![
+        input.to_str().unwrap(),
+        "--decode",
+        "--cpu",
+        "-o",
+        output.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let stderr = run_err(&args);
+    for text in texts {
+        assert!(stderr.contains(text), "expected {text:?} in:\n{stderr}");
+    }
+    assert!(!output.exists(), "no output may be written on error");
+}
+
+#[test]
+fn decode_input_errors() {
+    let paged = decode_case::<f16>(true, 2);
+    let without = |case: &DecodeCase<f16>, name: &str| {
+        let mut t = decode_tensors(case);
+        t.retain(|(n, ..)| n != name);
+        t
+    };
+    // Missing tensors; one of k_new and v_new alone.
+    decode_fails(
+        &without(&paged, "cache_seqlens"),
+        &[],
+        &["no tensor `cache_seqlens`", "--decode reads"],
+    );
+    decode_fails(&without(&paged, "k_cache"), &[], &["no tensor `k_cache`"]);
+    decode_fails(&without(&paged, "v_new"), &[], &["`k_new` without `v_new`"]);
+    decode_fails(&without(&paged, "k_new"), &[], &["`v_new` without `k_new`"]);
+    // Without the block table, the paged cache is taken for a contiguous one of 8 entries.
+    decode_fails(
+        &without(&paged, "block_table"),
+        &[],
+        &["needs a block table"],
+    );
+
+    // A length beyond the capacity: 47 + 2 new keys > 3 pages of 16.
+    let mut long = paged.clone();
+    long.seqlens[2] = 47;
+    decode_fails(
+        &decode_tensors(&long),
+        &[],
+        &["cache_seqlens[2] = 47", "0..=46"],
+    );
+    let mut negative = decode_case::<f16>(false, 0);
+    negative.seqlens[0] = -3;
+    decode_fails(&decode_tensors(&negative), &[], &["cache_seqlens[0] = -3"]);
+    let mut long = decode_case::<f32>(false, 0);
+    long.seqlens[1] = 41;
+    decode_fails(
+        &decode_tensors(&long),
+        &[],
+        &["cache_seqlens[1] = 41", "0..=40"],
+    );
+
+    // A page index the lengths reach that is not a page; one they do not reach may be.
+    let mut bad_page = paged.clone();
+    bad_page.block_table.as_mut().unwrap()[[2, 1]] = 8;
+    decode_fails(
+        &decode_tensors(&bad_page),
+        &[],
+        &["block_table[2, 1] = 8 is not a page of the cache (0..8)"],
+    );
+    // Sequence 2 reaches 32 keys: its third slot is not read, whatever it holds.
+    let mut unused = paged.clone();
+    unused.block_table.as_mut().unwrap()[[2, 2]] = 1000;
+    decode_matches_library(&unused, true);
+    let mut bad_page = paged.clone();
+    bad_page.block_table.as_mut().unwrap()[[1, 0]] = -2;
+    decode_fails(&decode_tensors(&bad_page), &[], &["block_table[1, 0] = -2"]);
+
+    // cache_seqlens (or block_table) of another dtype, rank or length.
+    let mut tensors = decode_tensors(&paged);
+    for t in tensors.iter_mut().filter(|t| t.0 == "cache_seqlens") {
+        t.1 = Dtype::F32;
+    }
+    decode_fails(
+        &tensors,
+        &[],
+        &["unsupported dtype F32", "cache_seqlens", "must be I32"],
+    );
+    let mut tensors = decode_tensors(&paged);
+    for t in tensors.iter_mut().filter(|t| t.0 == "block_table") {
+        t.1 = Dtype::I64;
+        t.3.extend(std::iter::repeat_n(0u8, 36)); // 9 elements of 8 bytes
+    }
+    decode_fails(&tensors, &[], &["unsupported dtype I64", "block_table"]);
+    let mut tensors = decode_tensors(&paged);
+    for t in tensors.iter_mut().filter(|t| t.0 == "cache_seqlens") {
+        t.2 = vec![1, 3];
+    }
+    decode_fails(&tensors, &[], &["cache_seqlens", "rank 1"]);
+    let mut short = paged.clone();
+    short.seqlens.pop();
+    decode_fails(
+        &decode_tensors(&short),
+        &[],
+        &["cache_seqlens is [2], expected [3]"],
+    );
+
+    // The cache in another dtype than Q; a k_new of the wrong shape.
+    let mut tensors = decode_tensors(&paged);
+    let k32 = paged.k_cache.mapv(|x| x.to_f32());
+    for t in tensors.iter_mut().filter(|t| t.0 == "k_cache") {
+        t.1 = Dtype::F32;
+        t.3 = bytes_of(&k32);
+    }
+    decode_fails(&tensors, &[], &["`k_cache` is F32", "one dtype"]);
+    let mut wrong = paged.clone();
+    wrong.new_kv = Some((random4([3, 2, 1, 16], 1), random4([3, 2, 1, 16], 2)));
+    decode_fails(&decode_tensors(&wrong), &[], &["k_new", "N_new ≥ 1"]);
+
+    // GQA ratio and command-line conflicts.
+    let mut gqa = decode_case::<f32>(false, 0);
+    gqa.q = random4([3, 2, 3, 16], 3);
+    decode_fails(&decode_tensors(&gqa), &[], &["GQA"]);
+    let good = decode_tensors(&paged);
+    decode_fails(&good, &["--backward"], &["--backward"]);
+    decode_fails(&good, &["--num-splits", "0"], &["--num-splits"]);
+    decode_fails(&good, &["--num-splits", "200"], &["--num-splits"]);
+    decode_fails(&good, &["--scale", "inf"], &["--scale"]);
 }

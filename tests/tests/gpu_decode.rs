@@ -600,7 +600,6 @@ fn invalid_decode_calls_are_typed_errors() {
     }
     // Paged: the cache viewed as 8 pages of 16 keys; a page index out of range, or a
     // table that does not cover the length.
-    drop(call);
     let mut kp = DeviceTensor::from_host(dev, &[8, 16, 2, d], &data(8 * 16 * 2 * d)).unwrap();
     let mut vp = DeviceTensor::from_host(dev, &[8, 16, 2, d], &data(8 * 16 * 2 * d)).unwrap();
     let mut paged = |seqlens: &DeviceTensor<i32>, table: &[i32]| {

@@ -15,6 +15,14 @@ Rows of our deterministic backward (`mode` = `deterministic`) get the same PyTor
 the fast rows of that shape (timed once; PyTorch's flash backward has no deterministic mode),
 and `ratio_vs_fast`, our fast time over our deterministic time on that shape.
 
+Decode rows (`op` = `decode`, from `flash-attn-bench --op decode`) time SDPA on one new query
+over the whole context: q [B, Hq, 1, d], K and V [B, Hkv, N, d] with `enable_gqa=True`, under
+the flash and cuDNN backends (a backend that rejects the call reads null, with its error).
+They get `torch_{flash,cudnn}_ms`, the effective bandwidth `torch_*_gbps` (the same K and V
+bytes as ours over PyTorch's time), `ratio_vs_cudnn` (our time over cuDNN's: ≤ 1 is the
+target) and `speedup_vs_flash` (flash's time over ours: ≥ 1.2 is the target). Our paged rows
+are compared with the same contiguous PyTorch call (SDPA has no paged cache).
+
 Usage: bench_torch.py ours.json merged.json [--reps N]
 """
 import json
@@ -93,6 +101,57 @@ def time_op(op, q, k, v, grad, causal, reps):
         clear_grads(q, k, v)
 
 
+DECODE_BACKENDS = ("flash", "cudnn")
+
+
+def time_decode(row, gen, reps):
+    """PyTorch's numbers for one decode row (see the module docstring)."""
+    b, n, hq, hkv, d = row["b"], row["n"], row["h"], row["h_kv"], row["d"]
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16}[row["dtype"]]
+    rand = lambda *shape: torch.randn(shape, device="cuda", generator=gen, dtype=torch.float32).to(dt)
+    q = rand(b, hq, 1, d)
+    k, v = rand(b, hkv, n, d), rand(b, hkv, n, d)
+    out = {}
+    for name in DECODE_BACKENDS:
+        try:
+            with sdpa_kernel([BACKENDS[name]]):
+                ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), reps)
+            out[f"torch_{name}_ms"] = ms
+            out[f"torch_{name}_gbps"] = row["kv_bytes"] / (ms * 1e-3) / 1e9
+        except Exception as e:  # a backend may not take GQA or this shape
+            out[f"torch_{name}_ms"] = None
+            out[f"torch_{name}_gbps"] = None
+            out[f"torch_{name}_error"] = str(e).splitlines()[0][:200]
+    del q, k, v
+    torch.cuda.empty_cache()
+    return out
+
+
+def decode_main(rows, dst, reps, driver):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    timed = {}
+    for row in rows:
+        key = (row["dtype"], row["b"], row["n"], row["h"], row["h_kv"], row["d"])
+        if key not in timed:
+            timed[key] = time_decode(row, gen, reps)
+        row.update(timed[key])
+        cudnn, flash = row.get("torch_cudnn_ms"), row.get("torch_flash_ms")
+        row["ratio_vs_cudnn"] = row["ours_ms"] / cudnn if cudnn else None
+        row["speedup_vs_flash"] = flash / row["ours_ms"] if flash else None
+        row["torch_version"] = torch.__version__
+        if driver:
+            row["driver"] = driver
+    json.dump(rows, open(dst, "w"), indent=1)
+    fmt = lambda x, w=8, p=1: f"{x:{w}.{p}f}" if x is not None else " " * (w - 3) + "n/a"
+    print(f"{'b':>3} {'n':>6} {'hkv':>3} {'layout':<10} {'spl':>3} {'ours us':>8} {'GB/s':>6} {'cudnn us':>8} {'flash us':>8} {'ours/cudnn':>10} {'flash/ours':>10}")
+    for r in rows:
+        us = lambda ms: ms * 1e3 if ms is not None else None
+        print(
+            f"{r['b']:>3} {r['n']:>6} {r['h_kv']:>3} {r['layout']:<10} {r['splits']:>3} {fmt(us(r['ours_ms']))} {r['ours_gbps']:6.0f}"
+            f" {fmt(us(r.get('torch_cudnn_ms')))} {fmt(us(r.get('torch_flash_ms')))} {fmt(r['ratio_vs_cudnn'], 10, 2)} {fmt(r['speedup_vs_flash'], 10, 2)}"
+        )
+
+
 def main():
     src, dst = sys.argv[1], sys.argv[2]
     reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 20
@@ -106,6 +165,8 @@ def main():
         ).stdout.split()[0]
     except Exception:  # no nvidia-smi: leave the driver out
         driver = None
+    if rows and all(r.get("op") == "decode" for r in rows):
+        return decode_main(rows, dst, reps, driver)
     key = lambda r: (r.get("op", "fwd"), r["dtype"], r["b"], r["n"], r["h"], r["d"], r["causal"])
     timed = {}
     fast_ms = {key(r): r["ours_ms"] for r in rows if r.get("mode", "fast") == "fast"}

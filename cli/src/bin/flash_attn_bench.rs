@@ -4,7 +4,13 @@
 //! and writes JSON rows; `xtask/scripts/bench_torch.py` adds PyTorch SDPA's numbers measured in
 //! the same run on the same device.
 //!
-//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all]
+//! `--op decode` times the decode path instead (`attn_with_kvcache`: one new token, Hq = 32,
+//! Hkv ∈ {1, 8}, d = 128, bf16, B ∈ {1, 8, 64}, contexts 1K to 128K where K and V fit in
+//! 24 GB, contiguous and paged caches with pages of 16 and 256 keys): rows with `op` =
+//! `decode`, latency and the effective bandwidth (bytes of K and V read ÷ time), the splits
+//! and the kernel launches per call.
+//!
+//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all|decode]
 //! [--mode fast|deterministic|both] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
 //! [--causal true|false]` (`--mode`: the backward mode of the `bwd` and `fwd_bwd` rows, their
 //! `mode` key; the last four restrict the sweep,
@@ -16,9 +22,10 @@
 use clap::{ArgAction, Parser};
 use flash_attn::timing::{median, time_ms};
 use flash_attn::{
-    flash_attn_backward_into, flash_attn_into, AttnParams, BwdMode, Device, DeviceTensor, Element,
-    Result,
+    attn_with_kvcache_into, decode_splits, flash_attn_backward_into, flash_attn_into, AttnParams,
+    BwdMode, DecodeOptions, Device, DeviceTensor, Element, KvCache, Result,
 };
+use flash_attn_kernels::registry::{decode_kernel, MaskKind};
 use half::{bf16, f16};
 
 const TOKENS: usize = 16 * 1024;
@@ -233,7 +240,7 @@ struct Args {
     /// What to time: the forward (`fwd`), the backward alone (`bwd`), forward + backward
     /// (`fwd_bwd`) or all three (`all`)
     #[arg(long, value_name = "OP", default_value = "fwd",
-          value_parser = ["fwd", "bwd", "fwd_bwd", "all"])]
+          value_parser = ["fwd", "bwd", "fwd_bwd", "all", "decode"])]
     op: String,
     /// Backward mode(s) of the `bwd` and `fwd_bwd` rows: `fast`, `deterministic` or `both`
     #[arg(long, value_name = "MODE", default_value = "fast",
@@ -312,6 +319,23 @@ fn main() {
     };
     let device = dev.name().unwrap_or_default();
     let date = std::env::var("BENCH_DATE").unwrap_or_default();
+    if args.op == "decode" {
+        let rows = bench_decode(&dev, reps, quick).unwrap_or_else(|e| {
+            eprintln!("flash-attn-bench: error: {e}");
+            std::process::exit(1);
+        });
+        let rows: Vec<serde_json::Value> = rows
+            .into_iter()
+            .map(|mut r| {
+                r["device"] = device.clone().into();
+                r["date"] = date.clone().into();
+                r["ptx_arch"] = dev.ptx_arch().into();
+                r
+            })
+            .collect();
+        write_rows(out, &rows);
+        return;
+    }
     let mut rows = Vec::new();
     let run = bench_dtype::<f16>(&dev, "f16", &ops, &filter, &ns, reps, &mut rows)
         .and_then(|_| bench_dtype::<bf16>(&dev, "bf16", &ops, &filter, &ns, reps, &mut rows));
@@ -329,7 +353,12 @@ fn main() {
             })
         })
         .collect();
-    let text = serde_json::to_string_pretty(&json).expect("rows serialise");
+    write_rows(out, &json);
+}
+
+/// Writes the JSON rows to `out`, or to stdout.
+fn write_rows(out: Option<std::path::PathBuf>, json: &[serde_json::Value]) {
+    let text = serde_json::to_string_pretty(json).expect("rows serialise");
     match out {
         Some(path) => std::fs::write(&path, text).unwrap_or_else(|e| {
             eprintln!("flash-attn-bench: cannot write {}: {e}", path.display());
@@ -337,4 +366,106 @@ fn main() {
         }),
         None => println!("{text}"),
     }
+}
+
+/// Bytes of K and V the decode rows may allocate (PyTorch allocates its own copy after us).
+const DECODE_MAX_BYTES: usize = 24 << 30;
+
+/// The decode rows (see the module docs): one `attn_with_kvcache_into` call per timed
+/// iteration, every sequence full (`cache_seqlens` = context), nothing appended. K and V are
+/// zero (random Q): the time of this bandwidth-bound kernel does not depend on the values.
+fn bench_decode(dev: &Device, reps: usize, quick: bool) -> Result<Vec<serde_json::Value>> {
+    let (hq, d) = (32usize, 128usize);
+    let contexts: &[usize] = if quick {
+        &[8192, 32768]
+    } else {
+        &[1024, 8192, 32768, 131072]
+    };
+    let block_m = decode_kernel(d, MaskKind::Causal)
+        .expect("a d = 128 decode kernel")
+        .tile(dev.arch())
+        .block_m();
+    let mut rows = Vec::new();
+    for b in [1usize, 8, 64] {
+        for &n in contexts {
+            for hkv in [1usize, 8] {
+                let bytes = 2 * b * n * hkv * d * 2;
+                if bytes > DECODE_MAX_BYTES {
+                    continue;
+                }
+                let mut k = DeviceTensor::<bf16>::zeros(dev, &[b, n, hkv, d])?;
+                let mut v = DeviceTensor::<bf16>::zeros(dev, &[b, n, hkv, d])?;
+                let q =
+                    DeviceTensor::from_host(dev, &[b, 1, hq, d], &random::<bf16>(b * hq * d, 5))?;
+                let mut o = DeviceTensor::<bf16>::zeros(dev, &[b, 1, hq, d])?;
+                let mut lse = DeviceTensor::<f32>::zeros(dev, &[b, hq, 1])?;
+                let lens = DeviceTensor::from_host(dev, &[b], &vec![n as i32; b])?;
+                let blocks = b * hkv * (hq / hkv).div_ceil(block_m);
+                let splits = decode_splits(dev.sm_count(), blocks, n);
+                for page in [0usize, 16, 256] {
+                    // Paged: the same bytes as pages in a shuffled order.
+                    let pages = b * n / page.max(1);
+                    let table = if page > 0 {
+                        let mut ids: Vec<i32> = (0..pages as i32).collect();
+                        let r = flash_attn_cli::sample::uniform(pages, 9, 0.0, 1.0);
+                        for i in (1..pages).rev() {
+                            ids.swap(i, (r[i] * (i + 1) as f32) as usize % (i + 1));
+                        }
+                        k = k.with_layout(
+                            &[pages, page, hkv, d],
+                            &[page * hkv * d, hkv * d, d, 1],
+                            0,
+                        )?;
+                        v = v.with_layout(
+                            &[pages, page, hkv, d],
+                            &[page * hkv * d, hkv * d, d, 1],
+                            0,
+                        )?;
+                        Some(DeviceTensor::from_host(dev, &[b, n / page], &ids)?)
+                    } else {
+                        None
+                    };
+                    let times = time_ms(dev, 3, reps, || {
+                        attn_with_kvcache_into(
+                            dev,
+                            &q,
+                            KvCache {
+                                k: &mut k,
+                                v: &mut v,
+                                seqlens: &lens,
+                                block_table: table.as_ref(),
+                            },
+                            None,
+                            &AttnParams::default(),
+                            &DecodeOptions::default(),
+                            &mut o,
+                            &mut lse,
+                        )
+                    })?;
+                    let ms = median(&times);
+                    let layout = if page == 0 {
+                        "contiguous".to_string()
+                    } else {
+                        format!("paged{page}")
+                    };
+                    let gbps = bytes as f64 / (ms as f64 * 1e-3) / 1e9;
+                    eprintln!(
+                        "decode bf16 d={d} b={b:<3} hq={hq} hkv={hkv} n={n:<6} {layout:<10} splits={splits:<3} {:>9.1} us {gbps:>7.0} GB/s",
+                        ms * 1e3
+                    );
+                    rows.push(serde_json::json!({
+                        "op": "decode", "dtype": "bf16", "d": d, "b": b, "h": hq, "h_kv": hkv,
+                        "n": n, "nq": 1, "causal": false, "layout": layout, "splits": splits,
+                        "launches": if splits > 1 { 2 } else { 1 },
+                        "ours_ms": ms, "ours_gbps": gbps, "kv_bytes": bytes,
+                    }));
+                    if page > 0 {
+                        k = k.with_layout(&[b, n, hkv, d], &[n * hkv * d, hkv * d, d, 1], 0)?;
+                        v = v.with_layout(&[b, n, hkv, d], &[n * hkv * d, hkv * d, d, 1], 0)?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(rows)
 }

@@ -5,20 +5,29 @@
 //! otherwise, or with `--cpu`), and writes `o` (Q's shape, the input dtype) and `lse`
 //! (`[B, Hq, Nq]`, f32, natural log) to a `.safetensors` file. With `--backward` it also reads
 //! dO (`do`) and writes the gradients `dq`, `dk`, `dv`, computed on the CPU backend (forward
-//! and backward both, so that the five outputs agree). See `--help`.
+//! and backward both, so that the five outputs agree). With `--decode` it reads a KV cache
+//! (contiguous or paged), appends the new keys and values when given, runs
+//! `attn_with_kvcache` (or its CPU twin) and writes `o`, `lse` and the updated cache. See
+//! `--help`.
 //!
 //! The file handling (bounded readers, output checks, writes through temporary files) is in
-//! the `flash_attn_cli` library; this file is the command line and the forward pass.
+//! the `flash_attn_cli` library; this file is the command line and the passes.
 
 use clap::{ArgAction, Parser};
 use flash_attn::shape::check_shapes;
-use flash_attn::{cpu, AttnParams, BwdMode, DType, Device, DeviceTensor, Element, FlashError};
-use flash_attn_cli::input::{read_npy, read_safetensors, FileElement, RawTensor};
+use flash_attn::{
+    cpu, AttnParams, BwdMode, DType, DecodeOptions, Device, DeviceTensor, Element, FlashError,
+};
+use flash_attn_cli::input::{
+    read_npy, read_safetensors, FileElement, RawTensor, SafetensorsFile, FLOAT_DTYPES,
+    FLOAT_SUPPORTED,
+};
 use flash_attn_cli::output::{check_aliases, PendingOutput};
 use flash_attn_cli::CliError;
+use flash_attn_kernels::config::MAX_DECODE_SPLITS;
 use flash_attn_kernels::registry::{self, MaskKind};
 use half::{bf16, f16};
-use ndarray::{Array3, Array4};
+use ndarray::{Array1, Array2, Array3, Array4, Ix1, Ix2};
 use safetensors::{tensor::TensorView, Dtype};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -48,6 +57,21 @@ BACKWARD (--backward):
     --deterministic selects its deterministic mode (bit-identical results, slower). The CPU
     backward is always deterministic.
 
+DECODE (--decode):
+    Attention of new query tokens over a KV cache, as flash_attn::attn_with_kvcache. Reads
+    from the safetensors input `q` [B, Nq, Hq, d], `k_cache` and `v_cache`, `cache_seqlens`
+    (I32 [B]: the keys cached per sequence), and optionally `block_table` (I32
+    [B, max_pages]) and `k_new`, `v_new` [B, N_new, Hkv, d] (both or neither). Without
+    `block_table` the cache is contiguous, [B, capacity, Hkv, d]; with it, paged:
+    [num_pages, page_size, Hkv, d], page_size a multiple of 16, key j of sequence b in row
+    j % page_size of page block_table[b, j / page_size]. The new keys and values are written
+    into the cache at keys cache_seqlens[b] .. cache_seqlens[b] + N_new, and sequence b
+    attends to its first cache_seqlens[b] + N_new keys (--causal: aligned bottom-right).
+    Writes `o`, `lse` and the updated `k_cache`, `v_cache` (the inputs' shapes and dtype; the
+    lengths are not advanced) to -o, with metadata `mode` = decode. Runs on GPU 0 (f16/bf16,
+    head dims up to 256) like the forward, else on the CPU backend. --num-splits N (1 to
+    128, GPU only) forces the number of key splits. Not with --backward, --npy or --npy-out.
+
 The forward pass runs on GPU 0 when a CUDA driver and an sm_80+ GPU are present, on the CPU
 backend otherwise; f32 inputs always run on the CPU (the GPU kernels take f16 and bf16). The
 backend used is reported on stderr. Every option may be given once. Exit status: 0 on
@@ -68,7 +92,7 @@ struct Args {
         conflicts_with = "npy"
     )]
     input: Option<PathBuf>,
-    /// Name of Q in the safetensors file [default: q]
+    /// Name of Q in the safetensors file (also with --decode) [default: q]
     #[arg(long = "q", value_name = "NAME", allow_hyphen_values = true)]
     q_name: Option<String>,
     /// Name of K in the safetensors file [default: k]
@@ -104,7 +128,17 @@ struct Args {
     /// Deterministic GPU backward (bit-identical run to run; the CPU backward always is)
     #[arg(long)]
     deterministic: bool,
-    /// Output safetensors file holding `o` and `lse` (and `dq`, `dk`, `dv`)
+    /// Attention over a KV cache (q, k_cache, v_cache, cache_seqlens; optional block_table,
+    /// k_new, v_new), writing o, lse and the updated cache
+    #[arg(long, conflicts_with_all = [
+        "backward", "npy", "npy_out", "k_name", "v_name", "do_name", "deterministic",
+    ])]
+    decode: bool,
+    /// Number of key splits of the GPU decode (1 to 128) [default: automatic]
+    #[arg(long, value_name = "N", requires = "decode", value_parser = parse_num_splits)]
+    num_splits: Option<usize>,
+    /// Output safetensors file holding `o` and `lse` (and `dq`, `dk`, `dv`, or the updated
+    /// `k_cache`, `v_cache`)
     #[arg(
         short = 'o',
         long = "out",
@@ -125,6 +159,15 @@ fn parse_scale(s: &str) -> Result<f32, String> {
         Ok(x)
     } else {
         Err(format!("must be finite, got {s}"))
+    }
+}
+
+fn parse_num_splits(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=MAX_DECODE_SPLITS).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{s}` is not a number of splits from 1 to {MAX_DECODE_SPLITS}"
+        )),
     }
 }
 
@@ -200,6 +243,14 @@ fn run(args: &Args) -> Result<(), CliError> {
     let outputs = Outputs { safetensors, npy };
 
     let name = |n: &Option<String>, default: &str| n.clone().unwrap_or_else(|| default.to_string());
+    if args.decode {
+        let path = args
+            .input
+            .as_ref()
+            .expect("--decode takes a safetensors input");
+        let file = SafetensorsFile::read(path)?;
+        return run_decode(args, &file, &name(&args.q_name, "q"), outputs.safetensors);
+    }
     if args.backward {
         let path = args
             .input
@@ -223,6 +274,7 @@ fn run(args: &Args) -> Result<(), CliError> {
             DType::F16 => run_backward::<f16>(args, &params, raw, out),
             DType::BF16 => run_backward::<bf16>(args, &params, raw, out),
             DType::F32 => run_backward::<f32>(args, &params, raw, out),
+            DType::I32 => unreachable!("read_safetensors reads float tensors only"),
         };
     }
     let [q, k, v] = match (&args.input, &args.npy) {
@@ -254,6 +306,7 @@ fn run(args: &Args) -> Result<(), CliError> {
         DType::F16 => run_typed::<f16>(args, &params, [&q, &k, &v], outputs),
         DType::BF16 => run_typed::<bf16>(args, &params, [&q, &k, &v], outputs),
         DType::F32 => run_typed::<f32>(args, &params, [&q, &k, &v], outputs),
+        DType::I32 => unreachable!("the readers read float tensors only"),
     }
 }
 
@@ -588,6 +641,282 @@ fn run_backward<T: FileElement>(
     Ok(())
 }
 
+/// What `--decode` reads, for the error of a missing tensor.
+const DECODE_READS: &str = "--decode reads q, k_cache, v_cache, cache_seqlens and optionally \
+                            block_table, k_new and v_new";
+
+/// What `--decode` says of an integer tensor of another dtype.
+const DECODE_INT_SUPPORTED: &str = "cache_seqlens and block_table must be I32";
+
+/// The tensors of a decode call as read, before their element type is known statically.
+struct DecodeRaw {
+    q: RawTensor,
+    k_cache: RawTensor,
+    v_cache: RawTensor,
+    seqlens: RawTensor,
+    block_table: Option<RawTensor>,
+    new_kv: Option<(RawTensor, RawTensor)>,
+}
+
+/// The tensors of a decode call, decoded.
+struct DecodeInputs<T> {
+    q: Array4<T>,
+    k_cache: Array4<T>,
+    v_cache: Array4<T>,
+    seqlens: Array1<i32>,
+    block_table: Option<Array2<i32>>,
+    new_kv: Option<(Array4<T>, Array4<T>)>,
+}
+
+/// Decode outputs: O, LSE and the updated K and V caches.
+type DecodeOut<T> = (Array4<T>, Array3<f32>, Array4<T>, Array4<T>);
+
+/// `--decode`: reads the cache and the new tokens from `file`, runs attention over the cache
+/// (on the GPU when one is usable for these inputs, else on the CPU backend), and writes `o`,
+/// `lse`, `k_cache` and `v_cache` to `out`.
+fn run_decode(
+    args: &Args,
+    file: &SafetensorsFile,
+    q_name: &str,
+    out: PendingOutput,
+) -> Result<(), CliError> {
+    let format = |message: String| CliError::Format {
+        path: file.path().to_path_buf(),
+        message,
+    };
+    let missing = |name: &str| {
+        format(format!(
+            "no tensor `{name}` ({DECODE_READS}; the file holds: {})",
+            file.names().join(", ")
+        ))
+    };
+    let float = |name: &str| file.tensor(name, FLOAT_DTYPES, FLOAT_SUPPORTED);
+    let int = |name: &str| file.tensor(name, &[DType::I32], DECODE_INT_SUPPORTED);
+    let required = |t: Option<RawTensor>, name: &str| t.ok_or_else(|| missing(name));
+    let raw = DecodeRaw {
+        q: required(float(q_name)?, q_name)?,
+        k_cache: required(float("k_cache")?, "k_cache")?,
+        v_cache: required(float("v_cache")?, "v_cache")?,
+        seqlens: required(int("cache_seqlens")?, "cache_seqlens")?,
+        block_table: int("block_table")?,
+        new_kv: match (float("k_new")?, float("v_new")?) {
+            (Some(k), Some(v)) => Some((k, v)),
+            (None, None) => None,
+            (k, _) => {
+                let (given, lacking) = if k.is_some() {
+                    ("k_new", "v_new")
+                } else {
+                    ("v_new", "k_new")
+                };
+                return Err(format(format!(
+                    "`{given}` without `{lacking}`: give both the new keys and values, or neither"
+                )));
+            }
+        },
+    };
+    let mut same_dtype = vec![&raw.k_cache, &raw.v_cache];
+    if let Some((k, v)) = &raw.new_kv {
+        same_dtype.extend([k, v]);
+    }
+    if let Some(t) = same_dtype.into_iter().find(|t| t.dtype != raw.q.dtype) {
+        return Err(format(format!(
+            "`{}` is {:?}, `{}` is {:?}: q, k_cache, v_cache, k_new and v_new must have one dtype",
+            t.name, t.dtype, raw.q.name, raw.q.dtype
+        )));
+    }
+    match raw.q.dtype {
+        DType::F16 => decode_typed::<f16>(args, &raw, out),
+        DType::BF16 => decode_typed::<bf16>(args, &raw, out),
+        DType::F32 => decode_typed::<f32>(args, &raw, out),
+        DType::I32 => unreachable!("q is read as a float tensor"),
+    }
+}
+
+/// `--decode` in the element type `T`.
+fn decode_typed<T: FileElement>(
+    args: &Args,
+    raw: &DecodeRaw,
+    mut out: PendingOutput,
+) -> Result<(), CliError> {
+    let new_kv = match &raw.new_kv {
+        Some((k, v)) => Some((k.to_array::<T>()?, v.to_array::<T>()?)),
+        None => None,
+    };
+    let inputs = DecodeInputs {
+        q: raw.q.to_array::<T>()?,
+        k_cache: raw.k_cache.to_array::<T>()?,
+        v_cache: raw.v_cache.to_array::<T>()?,
+        seqlens: raw.seqlens.to_array_nd::<i32, Ix1>("[B]")?,
+        block_table: match &raw.block_table {
+            Some(t) => Some(t.to_array_nd::<i32, Ix2>("[B, max_pages]")?),
+            None => None,
+        },
+        new_kv,
+    };
+    let params = AttnParams {
+        causal: args.causal,
+        softmax_scale: args.scale,
+    };
+    let options = DecodeOptions {
+        num_splits: args.num_splits,
+    };
+    let head_dim = inputs.q.dim().3;
+    let gpu_kernel = registry::decode_kernel(head_dim, MaskKind::Causal).is_some();
+    let backend = if !gpu_kernel && !args.cpu && T::DTYPE != DType::F32 {
+        eprintln!(
+            "flash-attn-cli: decode: CPU backend (no GPU decode kernel for head dim {head_dim})"
+        );
+        Backend::Cpu
+    } else {
+        pick_backend(T::DTYPE, args.cpu)
+    };
+    if args.num_splits.is_some() && matches!(backend, Backend::Cpu) {
+        eprintln!("flash-attn-cli: --num-splits applies to the GPU only; ignored on the CPU");
+    }
+    let summary = format!(
+        "Q {:?} {} cache {:?}{} {:?}{}",
+        inputs.q.shape(),
+        if inputs.block_table.is_some() {
+            "paged"
+        } else {
+            "contiguous"
+        },
+        inputs.k_cache.shape(),
+        match &inputs.new_kv {
+            Some((k, _)) => format!(" + {} new keys", k.dim().1),
+            None => String::new(),
+        },
+        T::DTYPE,
+        if params.causal { " causal" } else { "" },
+    );
+    let start = Instant::now();
+    let (o, lse, k_cache, v_cache) = match &backend {
+        Backend::Gpu(dev) => gpu_decode(dev, &inputs, &params, &options),
+        Backend::Cpu => cpu_decode(inputs, &params),
+    }
+    .map_err(|e| CliError::Attention(e.to_string()))?;
+    eprintln!(
+        "flash-attn-cli: decode: {summary} in {:.1} ms",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    // The call has validated the head dim, so the scale exists.
+    let scale = params
+        .scale(head_dim)
+        .map_err(|e| CliError::Attention(e.to_string()))?;
+    let backend_name = match &backend {
+        Backend::Gpu(dev) => format!("cuda:0 {}", dev.ptx_arch()),
+        Backend::Cpu => "cpu".to_string(),
+    };
+    let metadata = HashMap::from([
+        ("backend".to_string(), backend_name),
+        ("causal".to_string(), params.causal.to_string()),
+        ("softmax_scale".to_string(), scale.to_string()),
+        ("mode".to_string(), "decode".to_string()),
+    ]);
+    let tensors = [
+        named("o", T::ST_DTYPE, &o),
+        named("lse", Dtype::F32, &lse),
+        named("k_cache", T::ST_DTYPE, &k_cache),
+        named("v_cache", T::ST_DTYPE, &v_cache),
+    ];
+    let bytes = safetensors_bytes(&tensors, metadata).map_err(|e| CliError::Format {
+        path: out.path().to_path_buf(),
+        message: e.to_string(),
+    })?;
+    out.fill(|w| w.write_all(&bytes))?;
+    let path = out.path().to_path_buf();
+    out.commit()?;
+    eprintln!(
+        "flash-attn-cli: wrote {} (o {:?} {:?}, lse {:?} F32, k_cache and v_cache {:?})",
+        path.display(),
+        o.shape(),
+        T::DTYPE,
+        lse.shape(),
+        k_cache.shape()
+    );
+    Ok(())
+}
+
+/// The decode pass on the CPU backend (the caches are updated in place).
+fn cpu_decode<T: Element>(
+    inputs: DecodeInputs<T>,
+    params: &AttnParams,
+) -> flash_attn::Result<DecodeOut<T>> {
+    let DecodeInputs {
+        q,
+        mut k_cache,
+        mut v_cache,
+        seqlens,
+        block_table,
+        new_kv,
+    } = inputs;
+    let seqlens = seqlens.to_vec();
+    let (o, lse) = cpu::attn_with_kvcache_cpu(
+        q.view(),
+        cpu::CpuKvCache {
+            k: k_cache.view_mut(),
+            v: v_cache.view_mut(),
+            seqlens: &seqlens,
+            block_table: block_table.as_ref().map(|t| t.view()),
+        },
+        new_kv.as_ref().map(|(k, v)| (k.view(), v.view())),
+        params,
+    )?;
+    Ok((o, lse, k_cache, v_cache))
+}
+
+/// The decode pass on the GPU: upload, run, download the outputs and the updated caches.
+fn gpu_decode<T: Element>(
+    dev: &Device,
+    inputs: &DecodeInputs<T>,
+    params: &AttnParams,
+    options: &DecodeOptions,
+) -> flash_attn::Result<DecodeOut<T>> {
+    let upload = |a: &Array4<T>| DeviceTensor::from_ndarray(dev, a.view());
+    let q = upload(&inputs.q)?;
+    let mut k = upload(&inputs.k_cache)?;
+    let mut v = upload(&inputs.v_cache)?;
+    let seqlens = DeviceTensor::from_ndarray(dev, inputs.seqlens.view())?;
+    let table = match &inputs.block_table {
+        Some(t) => Some(DeviceTensor::from_ndarray(dev, t.view())?),
+        None => None,
+    };
+    let new = match &inputs.new_kv {
+        Some((k_new, v_new)) => Some((upload(k_new)?, upload(v_new)?)),
+        None => None,
+    };
+    let (o, lse) = flash_attn::attn_with_kvcache(
+        dev,
+        &q,
+        flash_attn::KvCache {
+            k: &mut k,
+            v: &mut v,
+            seqlens: &seqlens,
+            block_table: table.as_ref(),
+        },
+        new.as_ref().map(|(k, v)| flash_attn::NewKv { k, v }),
+        params,
+        options,
+    )?;
+    Ok((
+        download(dev, &o, "O")?,
+        download(dev, &lse, "LSE")?,
+        download(dev, &k, "K cache")?,
+        download(dev, &v, "V cache")?,
+    ))
+}
+
+/// A device tensor copied to the host as an array of rank `D`.
+fn download<T: Element, D: ndarray::Dimension>(
+    dev: &Device,
+    t: &DeviceTensor<T>,
+    name: &str,
+) -> flash_attn::Result<ndarray::Array<T, D>> {
+    t.to_ndarray(dev)?
+        .into_dimensionality()
+        .map_err(|e| FlashError::Shape(format!("{name}: {e}")))
+}
+
 /// Little-endian bytes of an array's elements in logical (C) order.
 fn le_bytes<T: FileElement, D: ndarray::Dimension>(a: &ndarray::Array<T, D>) -> Vec<u8> {
     let mut out = Vec::with_capacity(a.len() * std::mem::size_of::<T>());
@@ -643,5 +972,36 @@ mod tests {
         assert!(a.backward && a.deterministic);
         assert_eq!(a.do_name, Some("grad".into()));
         assert!(Args::try_parse_from(["flash-attn-cli", "in.safetensors", "--do", "g"]).is_err());
+        let a = Args::try_parse_from([
+            "flash-attn-cli",
+            "in.safetensors",
+            "--decode",
+            "--num-splits",
+            "128",
+            "--q",
+            "query",
+        ])
+        .unwrap();
+        assert!(a.decode);
+        assert_eq!((a.num_splits, a.q_name), (Some(128), Some("query".into())));
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["flash-attn-cli", "in.safetensors"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv)
+        };
+        assert!(parse(&["--decode"]).is_ok_and(|a| a.num_splits.is_none()));
+        for bad in [
+            &["--decode", "--num-splits", "0"][..],
+            &["--decode", "--num-splits", "129"],
+            &["--decode", "--num-splits", "x"],
+            &["--num-splits", "4"],
+            &["--decode", "--backward"],
+            &["--decode", "--k", "key"],
+            &["--decode", "--npy-out", "o.npy", "l.npy"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        let npy = ["flash-attn-cli", "--npy", "a", "b", "c", "--decode"];
+        assert!(Args::try_parse_from(npy).is_err());
     }
 }

@@ -15,16 +15,22 @@
 //!   float64 (the oracle of the gradient tests) and in `T` (the yardstick);
 //!   [`attention_backward_reference_given`]: the float64 backward from given (rounded) forward
 //!   outputs, which measures what their rounding costs.
+//! - [`attn_with_kvcache_cpu`] and [`merge_attention_states_cpu`]: the decode path of
+//!   [`crate::attn_with_kvcache`] and [`crate::merge_attention_states`] on the CPU (new keys
+//!   appended to a contiguous or paged [`CpuKvCache`], then [`attention_cpu`] per sequence), and
+//!   [`gather_sequence`], the keys and values one sequence of such a cache attends to.
 //!
-//! All of them take Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` with any strides, and return
-//! O `[B, Nq, Hq, d]` and the natural-log LSE `[B, Hq, Nq]`. A query row that sees no key gets
-//! O = 0 and LSE = −∞; NaN or ±∞ in the inputs give NaN, never a row that looks masked (the rule
-//! is on [`crate::AttnParams`]). Outputs and temporaries are allocated fallibly: a shape whose
-//! buffers cannot exist is a [`crate::FlashError`], not a panic or an abort.
+//! All of them (the decode path's cache aside) take Q `[B, Nq, Hq, d]`, K and V
+//! `[B, Nk, Hkv, d]` with any strides, and return O `[B, Nq, Hq, d]` and the natural-log LSE
+//! `[B, Hq, Nq]`. A query row that sees no key gets O = 0 and LSE = −∞; NaN or ±∞ in the
+//! inputs give NaN, never a row that looks masked (the rule is on [`crate::AttnParams`]).
+//! Outputs and temporaries are allocated fallibly: a shape whose buffers cannot exist is a
+//! [`crate::FlashError`], not a panic or an abort.
 
 mod alloc;
 mod backward_reference;
 mod backward_tiled;
+mod decode;
 mod online_softmax;
 mod reference;
 mod tiled;
@@ -35,6 +41,7 @@ pub use backward_reference::{
     Gradients,
 };
 pub use backward_tiled::{attention_backward_cpu, attention_backward_cpu_into};
+pub use decode::{attn_with_kvcache_cpu, gather_sequence, merge_attention_states_cpu, CpuKvCache};
 pub use reference::{attention_naive, attention_reference};
 pub use tiled::{attention_cpu, attention_cpu_into, BLOCK_M, BLOCK_N};
 

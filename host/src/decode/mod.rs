@@ -243,7 +243,7 @@ pub fn merge_attention_states<T: Element>(
     let dims = check_merge(dev, [(o1, lse1), (o2, lse2)])?;
     let [b, n, h, d] = dims;
     let padded_d = padded_head_dim(d);
-    let mut o = DeviceTensor::<T>::uninit(dev, &dims)?;
+    let o = DeviceTensor::<T>::uninit(dev, &dims)?;
     let lse = DeviceTensor::<f32>::uninit(dev, &[b, h, n])?;
     let p1 = packed_input(dev, o1, padded_d)?;
     let p2 = packed_input(dev, o2, padded_d)?;
@@ -267,7 +267,7 @@ pub fn merge_attention_states<T: Element>(
     let name = registry::MERGE_KERNELS[kernel_dtype::<T>() as usize];
     launch_combine(dev, name, b * h * n, p)?;
     if let Some(packed) = &o_packed {
-        scatter_output(dev, &mut o, packed, d, padded_d)?;
+        scatter_output(dev, &o, packed, d, padded_d)?;
     }
     Ok((o, lse))
 }

@@ -135,7 +135,13 @@ pub(super) fn check_cache<T: Element>(
     }
     o_and_lse_shapes([batch, seqlen_q, heads_q, head_dim], o, lse)?;
 
-    let mut tensors: Vec<(&str, &Arc<cudarc::driver::CudaContext>, Option<&[usize]>)> = vec![
+    // (name, context, strides of a [.., d] tensor whose head dim must be contiguous)
+    type Placement<'t> = (
+        &'t str,
+        &'t Arc<cudarc::driver::CudaContext>,
+        Option<&'t [usize]>,
+    );
+    let mut tensors: Vec<Placement> = vec![
         ("Q", q.context(), Some(q.strides())),
         ("K cache", cache.k.context(), Some(cache.k.strides())),
         ("V cache", cache.v.context(), Some(cache.v.strides())),

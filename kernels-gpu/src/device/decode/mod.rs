@@ -133,8 +133,10 @@ pub unsafe fn flash_decode<
         steps,
         lane: me.lane,
     };
+    // Lane `l` holds the page of the warp's step `32·i + l` (batch `i` of the block table).
+    let mut pages = kv.pages::<WARPS>(0);
     for j in 0..STAGES as u32 - 1 {
-        kv.load::<D, WARPS, PITCH, STAGES>(ring, j);
+        kv.load::<D, WARPS, PITCH, STAGES>(ring, j, pages);
         ptx::cp_async_commit_group();
     }
     wait_all_but::<STAGES>(STAGES - 1); // the Q tile (the oldest group) landed
@@ -154,7 +156,11 @@ pub unsafe fn flash_decode<
     for j in 0..steps {
         wait_all_but::<STAGES>(STAGES - 2); // step j landed (this lane's copies)
         ptx::bar_warp_sync(); // ... and every lane's; all lanes are done with step j − 1
-        kv.load::<D, WARPS, PITCH, STAGES>(ring, j + STAGES as u32 - 1);
+        let next = j + STAGES as u32 - 1;
+        if next % 32 == 0 {
+            pages = kv.pages::<WARPS>(next);
+        }
+        kv.load::<D, WARPS, PITCH, STAGES>(ring, next, pages);
         ptx::cp_async_commit_group();
         let key0 = STEP * (first + j * WARPS as u32);
         let (k, v) = ring.stage(j % STAGES as u32);
@@ -255,14 +261,30 @@ struct KvStream<'a> {
 }
 
 impl KvStream<'_> {
+    /// The block-table entries of the warp's steps `j0 .. j0 + 32`, entry `j0 + l` in lane `l`
+    /// (one coalesced load per 32 steps instead of a dependent load before each step's
+    /// copies); 0 for a contiguous cache or past the warp's steps.
+    #[inline(always)]
+    unsafe fn pages<const WARPS: usize>(&self, j0: u32) -> u32 {
+        let kv = &self.p.kv;
+        let j = j0 + self.lane;
+        if kv.block_table == 0 || j >= self.steps {
+            return 0;
+        }
+        let key = STEP * (self.first + j * WARPS as u32);
+        kv.key_slot(self.batch, key).0
+    }
+
     /// Starts the copies of the warp's step `j` into its buffer `j % STAGES` (nothing past the
     /// warp's last step; keys past the sequence are zero-filled, not read). Within a step the
-    /// keys are consecutive rows of one page.
+    /// keys are consecutive rows of one page; `pages` is [`KvStream::pages`] of the batch of 32
+    /// steps holding `j`.
     #[inline(always)]
     unsafe fn load<const D: usize, const WARPS: usize, const PITCH: usize, const STAGES: usize>(
         &self,
         ring: Ring<PITCH, STAGES>,
         j: u32,
+        pages: u32,
     ) {
         if j >= self.steps {
             return;
@@ -270,7 +292,12 @@ impl KvStream<'_> {
         let p = self.p;
         let key0 = STEP * (self.first + j * WARPS as u32);
         let valid = self.seqlen_k - key0;
-        let (entry, row) = p.kv.key_slot(self.batch, key0);
+        let (entry, row) = if p.kv.block_table == 0 {
+            (self.batch, key0)
+        } else {
+            let page = ptx::shfl_sync_idx(f32::from_bits(pages), j % 32).to_bits();
+            (page, key0 % p.kv.page_size)
+        };
         let (k, v) = ring.stage(j % STAGES as u32);
         let k_src =
             (p.k.ptr as *const u16).add(p.k.strides.offset(entry, row, self.kv_head) as usize);
