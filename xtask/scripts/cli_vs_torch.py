@@ -8,7 +8,14 @@ FlashAttention's: our max error ≤ 2 × the max error of PyTorch's own attentio
 dtype (SDPA's math path, with GQA heads repeated) + 1e-5. Prints one line per case and a
 summary; exits 1 if any case fails.
 
+With --decode-share F, that share of the cases runs `--decode` instead: a random KV cache
+(contiguous, or paged with shuffled pages of 16, 32 or 256 keys and NaN in every row no
+sequence owns), random cache lengths (0 included), optionally new keys and values, 1 to 16 new
+queries; `o` and `lse` are held to the same rule against PyTorch on each sequence's keys, and
+the returned caches must equal the expected ones bit for bit.
+
 Usage: cli_vs_torch.py CLI_BINARY [--cases N] [--seed S] [--cpu] [--backward-share F]
+       [--decode-share F]
 """
 import math
 import os
@@ -52,12 +59,101 @@ def max_err(a, ref):
     return d.max().item() if d.numel() else 0.0
 
 
+def decode_case(rng, dt, cpu):
+    """A random decode problem: the input tensors and, per sequence, its keys after the append."""
+    b = rng.choice([1, 2, 3])
+    nq = rng.randint(1, 16)
+    hkv = rng.choice([1, 2, 4])
+    hq = hkv * rng.choice([1, 2, 4, 8])
+    d = rng.choice([32, 64, 72, 96, 128, 256])
+    n_new = rng.choice([0, 0, rng.randint(1, nq)])
+    lens = [rng.choice([0, rng.randint(1, 16), rng.randint(1, 3000)]) for _ in range(b)]
+    cap = max(lens) + n_new + rng.randint(0, 40)
+    page = rng.choice([None, 16, 32, 256])
+    nan = float("nan")
+    if page is None:
+        kc = torch.full((b, cap, hkv, d), nan, dtype=torch.float64)
+        vc = kc.clone()
+        slot = lambda bi, j: (bi, j)
+        table = None
+    else:
+        per = -(-cap // page)
+        ids = list(range(b * per + 2))
+        rng.shuffle(ids)
+        table = torch.tensor(ids[: b * per], dtype=torch.int32).reshape(b, per)
+        kc = torch.full((b * per + 2, page, hkv, d), nan, dtype=torch.float64)
+        vc = kc.clone()
+        slot = lambda bi, j: (int(table[bi, j // page]), j % page)
+    for bi, n in enumerate(lens):
+        for j in range(n):
+            e, r = slot(bi, j)
+            kc[e, r] = torch.randn(hkv, d, dtype=torch.float64)
+            vc[e, r] = torch.randn(hkv, d, dtype=torch.float64)
+    tensors = {
+        "q": torch.randn(b, nq, hq, d, dtype=torch.float64).to(dt),
+        "k_cache": kc.to(dt),
+        "v_cache": vc.to(dt),
+        "cache_seqlens": torch.tensor(lens, dtype=torch.int32),
+    }
+    if table is not None:
+        tensors["block_table"] = table
+    expected_k, expected_v = tensors["k_cache"].clone(), tensors["v_cache"].clone()
+    if n_new:
+        tensors["k_new"] = torch.randn(b, n_new, hkv, d, dtype=torch.float64).to(dt)
+        tensors["v_new"] = torch.randn(b, n_new, hkv, d, dtype=torch.float64).to(dt)
+        for bi in range(b):
+            for i in range(n_new):
+                e, r = slot(bi, lens[bi] + i)
+                expected_k[e, r] = tensors["k_new"][bi, i]
+                expected_v[e, r] = tensors["v_new"][bi, i]
+    keys = []
+    for bi in range(b):
+        n = lens[bi] + n_new
+        idx = [slot(bi, j) for j in range(n)]
+        gk = torch.stack([expected_k[e, r] for e, r in idx]) if n else None
+        gv = torch.stack([expected_v[e, r] for e, r in idx]) if n else None
+        keys.append((gk, gv))
+    desc = f"decode B={b} Nq={nq} Hq={hq} Hkv={hkv} d={d} lens={lens} new={n_new} page={page}"
+    return tensors, (expected_k, expected_v), keys, desc
+
+
+def check_decode(got, tensors, expected, keys, causal, sc, dev):
+    """The decode outputs against PyTorch, sequence by sequence; the caches bit for bit."""
+    msgs, ok = [], True
+    for name, want in zip(["k_cache", "v_cache"], expected):
+        same = torch.equal(got[name].view(torch.int16), want.contiguous().view(torch.int16))
+        ok &= same
+        msgs.append(f"{name} {'same' if same else 'DIFFERS !!'}")
+    q = tensors["q"]
+    worst = {"o": [0.0, 0.0], "lse": [0.0, 0.0]}
+    for bi, (gk, gv) in enumerate(keys):
+        qb = q[bi : bi + 1].to(dev)
+        if gk is None:
+            o_ok = torch.all(got["o"][bi] == 0).item()
+            lse_ok = torch.all(torch.isneginf(got["lse"][bi])).item()
+            ok &= bool(o_ok and lse_ok)
+            continue
+        kb, vb = gk[None].to(dev), gv[None].to(dev)
+        o_ref, lse_ref = attention(qb.double(), kb.double(), vb.double(), causal, sc)
+        o_lp, lse_lp = attention(qb, kb, vb, causal, sc)
+        for name, ours, ref, lp in [("o", got["o"][bi : bi + 1], o_ref, o_lp), ("lse", got["lse"][bi : bi + 1], lse_ref, lse_lp)]:
+            worst[name][0] = max(worst[name][0], max_err(ours.to(dev), ref))
+            worst[name][1] = max(worst[name][1], max_err(lp, ref))
+    for name, (e_ours, e_lp) in worst.items():
+        allowed = 2 * e_lp + 1e-5
+        good = e_ours <= allowed
+        ok &= good
+        msgs.append(f"{name} {e_ours:.2e}/{allowed:.2e}{'' if good else ' !!'}")
+    return ok, msgs
+
+
 def main():
     args = sys.argv[1:]
     cli = args[0]
     n_cases = int(args[args.index("--cases") + 1]) if "--cases" in args else 40
     seed = int(args[args.index("--seed") + 1]) if "--seed" in args else 1
     share = float(args[args.index("--backward-share") + 1]) if "--backward-share" in args else 0.2
+    decode_share = float(args[args.index("--decode-share") + 1]) if "--decode-share" in args else 0.0
     cpu = "--cpu" in args
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -67,6 +163,25 @@ def main():
         for case in range(n_cases):
             dtype_name = rng.choice(["f16", "bf16", "f32"] if cpu else ["f16", "bf16"])
             dt = DTYPES[dtype_name]
+            if rng.random() < decode_share:
+                tensors, expected, keys, desc = decode_case(rng, dt, cpu)
+                causal = rng.random() < 0.5
+                scale = rng.choice([None, 0.3, -0.2])
+                inp, out = os.path.join(tmp, f"in{case}.safetensors"), os.path.join(tmp, f"out{case}.safetensors")
+                save_file({n: t.contiguous() for n, t in tensors.items()}, inp)
+                cmd = [cli, inp, "-o", out, "--decode"] + (["--causal"] if causal else [])
+                cmd += (["--scale", repr(scale)] if scale is not None else []) + (["--cpu"] if cpu else [])
+                desc = f"{dtype_name} {desc} causal={causal} scale={scale}"
+                r = subprocess.run(cmd, capture_output=True, text=True)
+                if r.returncode != 0:
+                    print(f"FAIL {desc}: exit {r.returncode}: {r.stderr.strip()}")
+                    failures += 1
+                    continue
+                sc = scale if scale is not None else 1.0 / math.sqrt(tensors["q"].shape[3])
+                ok, msgs = check_decode(load_file(out), tensors, expected, keys, causal, sc, dev)
+                print(("ok   " if ok else "FAIL ") + desc + ": " + ", ".join(msgs))
+                failures += 0 if ok else 1
+                continue
             b = rng.choice([1, 2, 3])
             nq = rng.choice([1, 7, 16, 63, 64, 65, 128, 129, 200, 257])
             nk = rng.choice([1, 7, 16, 63, 64, 65, 128, 129, 200, 257])
