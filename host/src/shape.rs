@@ -240,3 +240,151 @@ mod tests {
         ));
     }
 }
+
+/// The sizes of a decode call over a KV cache (GPU and CPU alike); see
+/// [`check_decode_shapes`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DecodeShape {
+    pub batch: usize,
+    pub seqlen_q: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    /// Keys per page (0: contiguous cache).
+    pub page_size: usize,
+    /// Pages in the pool (paged), or batch entries of the cache (contiguous).
+    pub entries: usize,
+    /// Keys the cache holds per sequence.
+    pub capacity: usize,
+    /// New keys appended per sequence.
+    pub appended: usize,
+}
+
+/// Checks the shapes of a decode call: Q `[B, Nq, Hq, d]`, the K and V caches (`[B, capacity,
+/// Hkv, d]`, or `[pages, page_size, Hkv, d]` with a block table `[B, max_pages]`), `seqlens_len`
+/// lengths and the new keys and values `[B, N_new, Hkv, d]`.
+pub(crate) fn check_decode_shapes(
+    q: [usize; 4],
+    k: [usize; 4],
+    v: [usize; 4],
+    seqlens_len: usize,
+    table: Option<[usize; 2]>,
+    new_kv: Option<([usize; 4], [usize; 4])>,
+) -> Result<DecodeShape> {
+    let [batch, seqlen_q, heads_q, head_dim] = q;
+    if k != v {
+        return Err(FlashError::Shape(format!(
+            "K cache {k:?} and V cache {v:?} must have the same shape"
+        )));
+    }
+    let [entries, rows, heads_kv, head_dim_k] = k;
+    if head_dim_k != head_dim {
+        return Err(FlashError::Shape(format!(
+            "Q has head dim {head_dim}, the cache has head dim {head_dim_k}"
+        )));
+    }
+    for (name, n) in [
+        ("batch", batch),
+        ("new queries", seqlen_q),
+        ("query heads", heads_q),
+        ("KV heads", heads_kv),
+        ("head dim", head_dim),
+    ] {
+        if n == 0 {
+            return Err(FlashError::Shape(format!("{name} is 0: it must be ≥ 1")));
+        }
+    }
+    if heads_q % heads_kv != 0 {
+        return Err(FlashError::GqaRatio { heads_q, heads_kv });
+    }
+    if seqlens_len != batch {
+        return Err(FlashError::Shape(format!(
+            "cache_seqlens is [{seqlens_len}], expected [{batch}] (one length per sequence)"
+        )));
+    }
+    let (page_size, capacity) = match table {
+        None => {
+            if entries != batch {
+                return Err(FlashError::Shape(format!(
+                    "the KV cache has batch {entries}, Q has batch {batch} (a paged cache needs a block table)"
+                )));
+            }
+            (0, rows)
+        }
+        Some([tb, max_pages]) => {
+            if tb != batch || max_pages == 0 {
+                return Err(FlashError::Shape(format!(
+                    "block_table is [{tb}, {max_pages}], expected [{batch}, max_pages ≥ 1]"
+                )));
+            }
+            if rows == 0 || rows % 16 != 0 {
+                return Err(FlashError::Shape(format!(
+                    "page size {rows} must be a positive multiple of 16"
+                )));
+            }
+            let capacity = max_pages.checked_mul(rows).ok_or_else(|| {
+                FlashError::TooLarge("block_table pages × page size overflows".into())
+            })?;
+            (rows, capacity)
+        }
+    };
+    let appended = match new_kv {
+        None => 0,
+        Some((kn, vn)) => {
+            if kn != vn || kn[0] != batch || kn[2] != heads_kv || kn[3] != head_dim || kn[1] == 0 {
+                return Err(FlashError::Shape(format!(
+                    "k_new {kn:?} and v_new {vn:?} must both be [{batch}, N_new ≥ 1, {heads_kv}, {head_dim}]"
+                )));
+            }
+            kn[1]
+        }
+    };
+    Ok(DecodeShape {
+        batch,
+        seqlen_q,
+        heads_q,
+        heads_kv,
+        head_dim,
+        page_size,
+        entries,
+        capacity,
+        appended,
+    })
+}
+
+/// Checks the cache lengths of a decode call against its shape, and (paged) every page
+/// `page(b, slot)` the lengths reach against the pool; calls `each(b, keys)` with the keys
+/// sequence `b` attends to (cached + appended).
+pub(crate) fn check_decode_lengths(
+    shape: &DecodeShape,
+    lens: &[i32],
+    page: impl Fn(usize, usize) -> i32,
+    mut each: impl FnMut(usize, usize) -> Result<()>,
+) -> Result<()> {
+    let (appended, capacity) = (shape.appended, shape.capacity);
+    for (b, &len) in lens.iter().enumerate() {
+        let keys = usize::try_from(len)
+            .ok()
+            .and_then(|l| l.checked_add(appended))
+            .filter(|&k| k <= capacity)
+            .ok_or_else(|| {
+                FlashError::Shape(format!(
+                    "cache_seqlens[{b}] = {len}: with {appended} new keys it must lie in 0..={} (the cache holds {capacity} keys per sequence)",
+                    capacity.saturating_sub(appended)
+                ))
+            })?;
+        if shape.page_size > 0 {
+            for slot in 0..keys.div_ceil(shape.page_size) {
+                let p = page(b, slot);
+                if p < 0 || p as usize >= shape.entries {
+                    return Err(FlashError::Shape(format!(
+                        "block_table[{b}, {slot}] = {p} is not a page of the cache (0..{})",
+                        shape.entries
+                    )));
+                }
+            }
+        }
+        each(b, keys)?;
+    }
+    Ok(())
+}

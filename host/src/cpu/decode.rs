@@ -13,6 +13,7 @@ use crate::cpu::tiled::attention_cpu_into;
 use crate::dtype::Element;
 use crate::error::{FlashError, Result};
 use crate::params::AttnParams;
+use crate::shape::{check_decode_lengths, check_decode_shapes};
 
 /// A KV cache in host memory, laid out as [`crate::KvCache`] describes it for the GPU.
 ///
@@ -216,7 +217,8 @@ struct DecodeCall {
     max_keys: usize,
 }
 
-/// Checks a decode call, in the order and with the messages of the GPU's validation.
+/// Checks a decode call with the shape and length checks the GPU path uses
+/// ([`crate::shape::check_decode_shapes`], [`crate::shape::check_decode_lengths`]).
 fn check_call<T>(
     q: &ArrayView4<T>,
     k: &ArrayView4<T>,
@@ -225,113 +227,28 @@ fn check_call<T>(
     block_table: Option<ArrayView2<i32>>,
     new_kv: Option<(ArrayView4<T>, ArrayView4<T>)>,
 ) -> Result<DecodeCall> {
-    let [batch, seqlen_q, heads_q, head_dim]: [usize; 4] = q.dim().into();
-    let k_dims: [usize; 4] = k.dim().into();
-    let v_dims: [usize; 4] = v.dim().into();
-    if k_dims != v_dims {
-        return Err(FlashError::Shape(format!(
-            "K cache {k_dims:?} and V cache {v_dims:?} must have the same shape"
-        )));
-    }
-    let [entries, rows, heads_kv, head_dim_k] = k_dims;
-    if head_dim_k != head_dim {
-        return Err(FlashError::Shape(format!(
-            "Q has head dim {head_dim}, the cache has head dim {head_dim_k}"
-        )));
-    }
-    for (name, n) in [
-        ("batch", batch),
-        ("new queries", seqlen_q),
-        ("query heads", heads_q),
-        ("KV heads", heads_kv),
-        ("head dim", head_dim),
-    ] {
-        if n == 0 {
-            return Err(FlashError::Shape(format!("{name} is 0: it must be ≥ 1")));
-        }
-    }
-    if heads_q % heads_kv != 0 {
-        return Err(FlashError::GqaRatio { heads_q, heads_kv });
-    }
-    if seqlens.len() != batch {
-        return Err(FlashError::Shape(format!(
-            "cache_seqlens is [{}], expected [{batch}] (one length per sequence)",
-            seqlens.len()
-        )));
-    }
-    let (page_size, capacity) = match block_table {
-        None => {
-            if entries != batch {
-                return Err(FlashError::Shape(format!(
-                    "the KV cache has batch {entries}, Q has batch {batch} (a paged cache needs a block table)"
-                )));
-            }
-            (0, rows)
-        }
-        Some(table) => {
-            let (tb, max_pages) = table.dim();
-            if tb != batch || max_pages == 0 {
-                return Err(FlashError::Shape(format!(
-                    "block_table is [{tb}, {max_pages}], expected [{batch}, max_pages ≥ 1]"
-                )));
-            }
-            if rows == 0 || rows % 16 != 0 {
-                return Err(FlashError::Shape(format!(
-                    "page size {rows} must be a positive multiple of 16"
-                )));
-            }
-            let capacity = max_pages.checked_mul(rows).ok_or_else(|| {
-                FlashError::TooLarge("block_table pages × page size overflows".into())
-            })?;
-            (rows, capacity)
-        }
-    };
-    let appended = match new_kv {
-        None => 0,
-        Some((k_new, v_new)) => {
-            let kn: [usize; 4] = k_new.dim().into();
-            let vn: [usize; 4] = v_new.dim().into();
-            if kn != vn || kn[0] != batch || kn[2] != heads_kv || kn[3] != head_dim || kn[1] == 0 {
-                return Err(FlashError::Shape(format!(
-                    "k_new {kn:?} and v_new {vn:?} must both be [{batch}, N_new ≥ 1, {heads_kv}, {head_dim}]"
-                )));
-            }
-            kn[1]
-        }
-    };
-
+    let shape = check_decode_shapes(
+        q.dim().into(),
+        k.dim().into(),
+        v.dim().into(),
+        seqlens.len(),
+        block_table.map(|t| t.dim().into()),
+        new_kv.map(|(kn, vn)| (kn.dim().into(), vn.dim().into())),
+    )?;
     // Every key the call writes or reads must exist.
-    let mut cached = alloc::with_capacity(batch, "cache lengths")?;
+    let mut cached = alloc::with_capacity(shape.batch, "cache lengths")?;
     let mut max_keys = 0;
-    for (b, &len) in seqlens.iter().enumerate() {
-        let keys = usize::try_from(len)
-            .ok()
-            .and_then(|l| l.checked_add(appended))
-            .filter(|&k| k <= capacity)
-            .ok_or_else(|| {
-                FlashError::Shape(format!(
-                    "cache_seqlens[{b}] = {len}: with {appended} new keys it must lie in 0..={} (the cache holds {capacity} keys per sequence)",
-                    capacity.saturating_sub(appended)
-                ))
-            })?;
-        if let Some(table) = block_table {
-            for slot in 0..keys.div_ceil(page_size) {
-                let page = table[[b, slot]];
-                if page < 0 || page as usize >= entries {
-                    return Err(FlashError::Shape(format!(
-                        "block_table[{b}, {slot}] = {page} is not a page of the cache (0..{entries})"
-                    )));
-                }
-            }
-        }
-        cached.push(keys - appended);
+    let page = |b: usize, slot: usize| block_table.map_or(0, |t| t[[b, slot]]);
+    check_decode_lengths(&shape, seqlens, page, |_, keys| {
+        cached.push(keys - shape.appended);
         max_keys = max_keys.max(keys);
-    }
+        Ok(())
+    })?;
     Ok(DecodeCall {
-        heads_kv,
-        head_dim,
-        page_size,
-        appended,
+        heads_kv: shape.heads_kv,
+        head_dim: shape.head_dim,
+        page_size: shape.page_size,
+        appended: shape.appended,
         cached,
         max_keys,
     })

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::device::Device;
 use crate::error::{FlashError, Result};
 use crate::fwd::validate::dims;
+use crate::shape::{check_decode_lengths, check_decode_shapes, DecodeShape};
 use crate::tensor::DeviceTensor;
 use crate::Element;
 
@@ -40,94 +41,49 @@ pub(super) fn check_cache<T: Element>(
     o: &DeviceTensor<T>,
     lse: &DeviceTensor<f32>,
 ) -> Result<CacheCall> {
-    let [batch, seqlen_q, heads_q, head_dim] = dims::<4>(q.shape(), "Q")?;
-    let k_dims = dims::<4>(cache.k.shape(), "K cache")?;
-    let v_dims = dims::<4>(cache.v.shape(), "V cache")?;
-    if k_dims != v_dims {
-        return Err(FlashError::Shape(format!(
-            "K cache {k_dims:?} and V cache {v_dims:?} must have the same shape"
-        )));
-    }
-    let [entries, rows, heads_kv, head_dim_k] = k_dims;
-    if head_dim_k != head_dim {
-        return Err(FlashError::Shape(format!(
-            "Q has head dim {head_dim}, the cache has head dim {head_dim_k}"
-        )));
-    }
-    for (name, n) in [
-        ("batch", batch),
-        ("new queries", seqlen_q),
-        ("query heads", heads_q),
-        ("KV heads", heads_kv),
-        ("head dim", head_dim),
-    ] {
-        if n == 0 {
-            return Err(FlashError::Shape(format!("{name} is 0: it must be ≥ 1")));
-        }
-    }
+    let table_dims = match cache.block_table {
+        Some(t) => Some(dims::<2>(t.shape(), "block_table")?),
+        None => None,
+    };
+    let new_dims = match new_kv {
+        Some(new) => Some((
+            dims::<4>(new.k.shape(), "k_new")?,
+            dims::<4>(new.v.shape(), "v_new")?,
+        )),
+        None => None,
+    };
+    let shape = check_decode_shapes(
+        dims::<4>(q.shape(), "Q")?,
+        dims::<4>(cache.k.shape(), "K cache")?,
+        dims::<4>(cache.v.shape(), "V cache")?,
+        dims::<1>(cache.seqlens.shape(), "cache_seqlens")?[0],
+        table_dims,
+        new_dims,
+    )?;
+    let DecodeShape {
+        batch,
+        seqlen_q,
+        heads_q,
+        heads_kv,
+        head_dim,
+        page_size,
+        capacity,
+        appended,
+        ..
+    } = shape;
     if head_dim > 256 {
         return Err(FlashError::HeadDim(head_dim));
-    }
-    if heads_q % heads_kv != 0 {
-        return Err(FlashError::GqaRatio { heads_q, heads_kv });
     }
     if heads_kv > MAX_GRID_YZ || batch > MAX_GRID_YZ {
         return Err(FlashError::TooLarge(format!(
             "at most {MAX_GRID_YZ} KV heads and {MAX_GRID_YZ} batch entries per call"
         )));
     }
-    let seqlens_dims = dims::<1>(cache.seqlens.shape(), "cache_seqlens")?;
-    if seqlens_dims != [batch] {
-        return Err(FlashError::Shape(format!(
-            "cache_seqlens is {seqlens_dims:?}, expected [{batch}] (one length per sequence)"
-        )));
+    if cache.block_table.is_some_and(|t| t.strides()[1] != 1) {
+        return Err(FlashError::Layout(
+            "block_table: the page dim must be contiguous (stride 1)".into(),
+        ));
     }
-    // Capacity per sequence, and the pages when paged.
-    let (page_size, capacity, pages) = match cache.block_table {
-        None => {
-            if entries != batch {
-                return Err(FlashError::Shape(format!(
-                    "the KV cache has batch {entries}, Q has batch {batch} (a paged cache needs a block table)"
-                )));
-            }
-            (0, rows, None)
-        }
-        Some(table) => {
-            let [tb, max_pages] = dims::<2>(table.shape(), "block_table")?;
-            if tb != batch || max_pages == 0 {
-                return Err(FlashError::Shape(format!(
-                    "block_table is [{tb}, {max_pages}], expected [{batch}, max_pages ≥ 1]"
-                )));
-            }
-            if rows == 0 || rows % 16 != 0 {
-                return Err(FlashError::Shape(format!(
-                    "page size {rows} must be a positive multiple of 16"
-                )));
-            }
-            if table.strides()[1] != 1 {
-                return Err(FlashError::Layout(
-                    "block_table: the page dim must be contiguous (stride 1)".into(),
-                ));
-            }
-            let capacity = max_pages.checked_mul(rows).ok_or_else(|| {
-                FlashError::TooLarge("block_table pages × page size overflows".into())
-            })?;
-            (rows, capacity, Some((table, max_pages, entries)))
-        }
-    };
-    let appended = match new_kv {
-        None => 0,
-        Some(new) => {
-            let kn = dims::<4>(new.k.shape(), "k_new")?;
-            let vn = dims::<4>(new.v.shape(), "v_new")?;
-            if kn != vn || kn[0] != batch || kn[2] != heads_kv || kn[3] != head_dim || kn[1] == 0 {
-                return Err(FlashError::Shape(format!(
-                    "k_new {kn:?} and v_new {vn:?} must both be [{batch}, N_new ≥ 1, {heads_kv}, {head_dim}]"
-                )));
-            }
-            kn[1]
-        }
-    };
     if capacity > i32::MAX as usize || seqlen_q > i32::MAX as usize {
         return Err(FlashError::TooLarge(format!(
             "cache capacity {capacity} or {seqlen_q} new queries exceed the kernels' 32-bit counters"
@@ -187,34 +143,21 @@ pub(super) fn check_cache<T: Element>(
 
     // The lengths and pages, read back: every key the call writes or reads must exist.
     let lens = cache.seqlens.to_host(dev)?;
-    let table = match pages {
-        Some((t, max_pages, _)) => Some((t.to_host(dev)?, max_pages)),
-        None => None,
+    let table = match cache.block_table {
+        Some(t) => t.to_host(dev)?,
+        None => Vec::new(),
     };
+    let max_pages = table_dims.map_or(0, |[_, m]| m);
     let mut max_keys = 0;
-    for (b, &len) in lens.iter().enumerate() {
-        let keys = usize::try_from(len)
-            .ok()
-            .and_then(|l| l.checked_add(appended))
-            .filter(|&k| k <= capacity)
-            .ok_or_else(|| {
-                FlashError::Shape(format!(
-                    "cache_seqlens[{b}] = {len}: with {appended} new keys it must lie in 0..={} (the cache holds {capacity} keys per sequence)",
-                    capacity.saturating_sub(appended)
-                ))
-            })?;
-        if let (Some((table, max_pages)), Some((_, _, num_pages))) = (&table, pages) {
-            for slot in 0..keys.div_ceil(page_size) {
-                let page = table[b * max_pages + slot];
-                if page < 0 || page as usize >= num_pages {
-                    return Err(FlashError::Shape(format!(
-                        "block_table[{b}, {slot}] = {page} is not a page of the cache (0..{num_pages})"
-                    )));
-                }
-            }
-        }
-        max_keys = max_keys.max(keys);
-    }
+    check_decode_lengths(
+        &shape,
+        &lens,
+        |b, slot| table[b * max_pages + slot],
+        |_, keys| {
+            max_keys = max_keys.max(keys);
+            Ok(())
+        },
+    )?;
     Ok(CacheCall {
         batch,
         seqlen_q,
