@@ -63,77 +63,41 @@ fn npyz_write<T: npyz::AutoSerialize + Copy>(
     writer.finish()
 }
 
-impl FileElement for f16 {
-    const HAS_NPY: bool = true;
-    fn put_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    const ST_DTYPE: Dtype = Dtype::F16;
-    fn from_le(b: &[u8]) -> Self {
-        f16::from_le_bytes([b[0], b[1]])
-    }
-    fn write_npy(
-        w: &mut dyn std::io::Write,
-        shape: &[usize],
-        values: &[Self],
-    ) -> Option<std::io::Result<()>> {
-        Some(npyz_write(w, shape, values))
-    }
-}
-
-impl FileElement for bf16 {
-    const HAS_NPY: bool = false;
-    fn put_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    const ST_DTYPE: Dtype = Dtype::BF16;
-    fn from_le(b: &[u8]) -> Self {
-        bf16::from_le_bytes([b[0], b[1]])
-    }
-    fn write_npy(
-        _: &mut dyn std::io::Write,
-        _: &[usize],
-        _: &[Self],
-    ) -> Option<std::io::Result<()>> {
+/// `FileElement` for a type with `from_le_bytes`/`to_le_bytes`: its safetensors dtype, and
+/// whether NumPy has it (bf16: no).
+macro_rules! file_element {
+    ($t:ty, $dtype:ident, npy = $npy:tt) => {
+        impl FileElement for $t {
+            const HAS_NPY: bool = $npy;
+            const ST_DTYPE: Dtype = Dtype::$dtype;
+            fn put_le(self, out: &mut Vec<u8>) {
+                out.extend_from_slice(&self.to_le_bytes());
+            }
+            fn from_le(b: &[u8]) -> Self {
+                <$t>::from_le_bytes(b.try_into().expect("one element's bytes"))
+            }
+            fn write_npy(
+                w: &mut dyn std::io::Write,
+                shape: &[usize],
+                values: &[Self],
+            ) -> Option<std::io::Result<()>> {
+                file_element!(@npy $npy, w, shape, values)
+            }
+        }
+    };
+    (@npy true, $w:ident, $shape:ident, $values:ident) => {
+        Some(npyz_write($w, $shape, $values))
+    };
+    (@npy false, $w:ident, $shape:ident, $values:ident) => {{
+        let _ = ($w, $shape, $values);
         None
-    }
+    }};
 }
 
-impl FileElement for f32 {
-    const HAS_NPY: bool = true;
-    fn put_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    const ST_DTYPE: Dtype = Dtype::F32;
-    fn from_le(b: &[u8]) -> Self {
-        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-    }
-    fn write_npy(
-        w: &mut dyn std::io::Write,
-        shape: &[usize],
-        values: &[Self],
-    ) -> Option<std::io::Result<()>> {
-        Some(npyz_write(w, shape, values))
-    }
-}
-
-impl FileElement for i32 {
-    const HAS_NPY: bool = true;
-    fn put_le(self, out: &mut Vec<u8>) {
-        out.extend_from_slice(&self.to_le_bytes());
-    }
-    const ST_DTYPE: Dtype = Dtype::I32;
-    fn from_le(b: &[u8]) -> Self {
-        i32::from_le_bytes([b[0], b[1], b[2], b[3]])
-    }
-    fn write_npy(
-        w: &mut dyn std::io::Write,
-        shape: &[usize],
-        values: &[Self],
-    ) -> Option<std::io::Result<()>> {
-        Some(npyz_write(w, shape, values))
-    }
-}
+file_element!(f16, F16, npy = true);
+file_element!(bf16, BF16, npy = false);
+file_element!(f32, F32, npy = true);
+file_element!(i32, I32, npy = true);
 
 /// The floating-point element types of attention inputs.
 pub const FLOAT_DTYPES: &[DType] = &[DType::F16, DType::BF16, DType::F32];

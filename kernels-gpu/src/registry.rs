@@ -571,40 +571,36 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_backward_tile_is_valid_and_fits() {
-        // Opt-in shared memory per block: sm_86/sm_89 (the sm_80 code runs there) 99 KiB,
-        // sm_90 227 KiB.
-        let limits = [99 * 1024, 227 * 1024];
-        for k in BWD_KERNELS {
-            for (t, limit) in k.tiles.iter().zip(limits) {
-                assert_eq!(t.head_dim, k.head_dim);
-                assert!(t.is_valid(), "d={}: {t:?}", k.head_dim);
-                assert!(
-                    t.smem_bytes() <= limit,
-                    "d={}: {}",
-                    k.head_dim,
-                    t.smem_bytes()
-                );
+    /// Opt-in shared memory per block, in `ARCHS` order: sm_86/sm_89 (the sm_80 code runs
+    /// there) 99 KiB, sm_90 227 KiB.
+    const SMEM_LIMITS: [usize; ARCH_COUNT] = [99 * 1024, 227 * 1024];
+
+    /// Every tile of `rows` is valid, has its row's head dim and fits the target's shared
+    /// memory; the tile's `(head_dim, is_valid, smem_bytes)` come from `shape`.
+    fn check_tiles<T: Copy + core::fmt::Debug>(
+        rows: &[KernelRow<T>],
+        shape: impl Fn(&T) -> (usize, bool, usize),
+    ) {
+        for k in rows {
+            for (t, limit) in k.tiles.iter().zip(SMEM_LIMITS) {
+                let (head_dim, valid, smem) = shape(t);
+                assert_eq!(head_dim, k.head_dim);
+                assert!(valid, "d={}: {t:?}", k.head_dim);
+                assert!(smem <= limit, "d={}: {smem}", k.head_dim);
             }
         }
     }
 
     #[test]
+    fn every_backward_tile_is_valid_and_fits() {
+        check_tiles(BWD_KERNELS, |t| (t.head_dim, t.is_valid(), t.smem_bytes()));
+    }
+
+    #[test]
     fn every_decode_tile_is_valid_and_fits() {
-        let limits = [99 * 1024, 227 * 1024];
-        for k in DECODE_KERNELS {
-            for (t, limit) in k.tiles.iter().zip(limits) {
-                assert_eq!(t.head_dim, k.head_dim);
-                assert!(t.is_valid(), "d={}: {t:?}", k.head_dim);
-                assert!(
-                    t.smem_bytes() <= limit,
-                    "d={}: {}",
-                    k.head_dim,
-                    t.smem_bytes()
-                );
-            }
-        }
+        check_tiles(DECODE_KERNELS, |t| {
+            (t.head_dim, t.is_valid(), t.smem_bytes())
+        });
         // Every forward head dim has a decode kernel (the forward may route to it).
         for k in FWD_KERNELS {
             assert!(decode_kernel(k.head_dim, k.mask).is_some_and(|d| d.head_dim == k.head_dim));

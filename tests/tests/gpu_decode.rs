@@ -7,7 +7,7 @@
 //! Without a CUDA device every test prints a loud SKIPPED line and passes, unless
 //! `FLASH_ATTN_REQUIRE_GPU=1`.
 
-use flash_attn::cpu::{attention_naive, attention_reference};
+use flash_attn::cpu::{attention_naive, attention_reference, gather_sequence};
 use flash_attn::{
     attn_with_kvcache, attn_with_kvcache_into, flash_attn, merge_attention_states, AttnParams,
     DecodeOptions, Device, DeviceTensor, Element, FlashError, KvCache, NewKv,
@@ -101,27 +101,6 @@ impl<T: Element> HostCache<T> {
                 .slice_mut(s![e, r, .., ..])
                 .assign(&v.slice(s![0, j, .., ..]));
         }
-    }
-
-    /// Keys `0 .. len` of sequence `b`, `[1, len, Hkv, d]` each.
-    fn gather(
-        k: &Array4<T>,
-        v: &Array4<T>,
-        this: &Self,
-        b: usize,
-        len: usize,
-    ) -> (Array4<T>, Array4<T>) {
-        let (hkv, d) = (k.dim().2, k.dim().3);
-        let mut gk = Array4::from_elem((1, len, hkv, d), T::default());
-        let mut gv = gk.clone();
-        for j in 0..len {
-            let (e, r) = this.slot(b, j);
-            gk.slice_mut(s![0, j, .., ..])
-                .assign(&k.slice(s![e, r, .., ..]));
-            gv.slice_mut(s![0, j, .., ..])
-                .assign(&v.slice(s![e, r, .., ..]));
-        }
-        (gk, gv)
     }
 }
 
@@ -225,7 +204,8 @@ fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
         if len == 0 {
             continue;
         }
-        let (gk, gv) = HostCache::gather(&host.k, &host.v, &host, bi, len);
+        let table = host.table.as_ref().map(|t| t.view());
+        let (gk, gv) = gather_sequence(host.k.view(), host.v.view(), table, bi, len);
         let qb = q.slice(s![bi..bi + 1, .., .., ..]).to_owned();
         let r = attention_reference(
             to_f64(qb.view()).view(),

@@ -400,25 +400,12 @@ fn run_typed<T: FileElement>(
         start.elapsed().as_secs_f64() * 1e3
     );
 
-    let backend_name = match &backend {
-        Backend::Gpu(dev) => format!("cuda:0 {}", dev.ptx_arch()),
-        Backend::Cpu => "cpu".into(),
-    };
-    let metadata = HashMap::from([
-        ("backend".to_string(), backend_name),
-        ("causal".to_string(), params.causal.to_string()),
-        ("softmax_scale".to_string(), scale.to_string()),
-    ]);
     let Outputs {
         safetensors: mut st_out,
         npy,
     } = outputs;
     let tensors = [named("o", T::ST_DTYPE, &o), named("lse", Dtype::F32, &lse)];
-    let st_bytes = safetensors_bytes(&tensors, metadata).map_err(|e| CliError::Format {
-        path: st_out.path().to_path_buf(),
-        message: e.to_string(),
-    })?;
-    st_out.fill(|w| w.write_all(&st_bytes))?;
+    fill_safetensors(&mut st_out, &tensors, metadata(&backend, params, scale, []))?;
     let o_values: Vec<T> = o.iter().copied().collect();
     let lse_values: Vec<f32> = lse.iter().copied().collect();
     let npy = match npy {
@@ -547,6 +534,41 @@ fn named<T: FileElement, D: ndarray::Dimension>(
     (name, dtype, a.shape().to_vec(), le_bytes(a))
 }
 
+/// The metadata of every output file: `backend`, `causal`, `softmax_scale`, then `extra`.
+fn metadata<const N: usize>(
+    backend: &Backend,
+    params: &AttnParams,
+    scale: f32,
+    extra: [(&str, String); N],
+) -> HashMap<String, String> {
+    let backend = match backend {
+        Backend::Gpu(dev) => format!("cuda:0 {}", dev.ptx_arch()),
+        Backend::Cpu => "cpu".to_string(),
+    };
+    [
+        ("backend".to_string(), backend),
+        ("causal".to_string(), params.causal.to_string()),
+        ("softmax_scale".to_string(), scale.to_string()),
+    ]
+    .into_iter()
+    .chain(extra.into_iter().map(|(k, v)| (k.to_string(), v)))
+    .collect()
+}
+
+/// Writes `tensors` with `metadata` as a safetensors file into `out`'s temporary file (the
+/// caller commits it).
+fn fill_safetensors(
+    out: &mut PendingOutput,
+    tensors: &[Named],
+    metadata: HashMap<String, String>,
+) -> Result<(), CliError> {
+    let bytes = safetensors_bytes(tensors, metadata).map_err(|e| CliError::Format {
+        path: out.path().to_path_buf(),
+        message: e.to_string(),
+    })?;
+    out.fill(|w| w.write_all(&bytes))
+}
+
 /// The safetensors file holding `tensors` (`o` and `lse`, and the gradients).
 fn safetensors_bytes(
     tensors: &[Named],
@@ -606,16 +628,6 @@ fn run_backward<T: FileElement>(
         start.elapsed().as_secs_f64() * 1e3
     );
     let deterministic = args.deterministic || matches!(backend, Backend::Cpu);
-    let backend_name = match &backend {
-        Backend::Gpu(dev) => format!("cuda:0 {}", dev.ptx_arch()),
-        Backend::Cpu => "cpu".to_string(),
-    };
-    let metadata = HashMap::from([
-        ("backend".to_string(), backend_name),
-        ("causal".to_string(), params.causal.to_string()),
-        ("softmax_scale".to_string(), scale.to_string()),
-        ("deterministic".to_string(), deterministic.to_string()),
-    ]);
     let tensors = [
         named("o", T::ST_DTYPE, &o),
         named("lse", Dtype::F32, &lse),
@@ -623,11 +635,8 @@ fn run_backward<T: FileElement>(
         named("dk", T::ST_DTYPE, &dk),
         named("dv", T::ST_DTYPE, &dv),
     ];
-    let bytes = safetensors_bytes(&tensors, metadata).map_err(|e| CliError::Format {
-        path: out.path().to_path_buf(),
-        message: e.to_string(),
-    })?;
-    out.fill(|w| w.write_all(&bytes))?;
+    let extra = [("deterministic", deterministic.to_string())];
+    fill_safetensors(&mut out, &tensors, metadata(&backend, params, scale, extra))?;
     let path = out.path().to_path_buf();
     out.commit()?;
     eprintln!(
@@ -803,27 +812,18 @@ fn decode_typed<T: FileElement>(
     let scale = params
         .scale(head_dim)
         .map_err(|e| CliError::Attention(e.to_string()))?;
-    let backend_name = match &backend {
-        Backend::Gpu(dev) => format!("cuda:0 {}", dev.ptx_arch()),
-        Backend::Cpu => "cpu".to_string(),
-    };
-    let metadata = HashMap::from([
-        ("backend".to_string(), backend_name),
-        ("causal".to_string(), params.causal.to_string()),
-        ("softmax_scale".to_string(), scale.to_string()),
-        ("mode".to_string(), "decode".to_string()),
-    ]);
     let tensors = [
         named("o", T::ST_DTYPE, &o),
         named("lse", Dtype::F32, &lse),
         named("k_cache", T::ST_DTYPE, &k_cache),
         named("v_cache", T::ST_DTYPE, &v_cache),
     ];
-    let bytes = safetensors_bytes(&tensors, metadata).map_err(|e| CliError::Format {
-        path: out.path().to_path_buf(),
-        message: e.to_string(),
-    })?;
-    out.fill(|w| w.write_all(&bytes))?;
+    let extra = [("mode", "decode".to_string())];
+    fill_safetensors(
+        &mut out,
+        &tensors,
+        metadata(&backend, &params, scale, extra),
+    )?;
     let path = out.path().to_path_buf();
     out.commit()?;
     eprintln!(
