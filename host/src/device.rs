@@ -22,6 +22,8 @@ pub struct Device {
     max_smem_optin: usize,
     sm_count: usize,
     loaded: Mutex<HashMap<&'static str, Loaded>>,
+    /// Blocks of each kernel an SM holds at once (see [`Device::resident_blocks`]).
+    occupancy: Mutex<HashMap<&'static str, usize>>,
 }
 
 /// A kernel's module (kept alive as long as its function) and function.
@@ -69,6 +71,13 @@ impl Device {
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as usize;
+        // Every allocation and launch of a `Device` runs on its one stream, in order, so
+        // cudarc's cross-stream event tracking has nothing to order; left on, it creates two
+        // events per allocation and records one per use of a buffer (about a dozen driver
+        // calls per attention call, which dominate small decode calls).
+        // SAFETY: buffers of this context are only ever used on `stream` (`DeviceTensor`
+        // exposes no other stream).
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         Ok(Self {
             ctx,
@@ -79,6 +88,7 @@ impl Device {
             max_smem_optin,
             sm_count,
             loaded: Mutex::new(HashMap::new()),
+            occupancy: Mutex::new(HashMap::new()),
         })
     }
 
@@ -136,6 +146,34 @@ impl Device {
     /// Number of streaming multiprocessors.
     pub fn sm_count(&self) -> usize {
         self.sm_count
+    }
+
+    /// Blocks of kernel `name` (launched with `threads` threads and `smem` bytes of dynamic
+    /// shared memory, always the same for one kernel) that the whole GPU holds at once: the
+    /// driver's occupancy for one SM times the SMs. Asked once per kernel.
+    pub(crate) fn resident_blocks(
+        &self,
+        name: &'static str,
+        threads: u32,
+        smem: usize,
+    ) -> Result<usize> {
+        if let Some(&n) = self
+            .occupancy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+        {
+            return Ok(n);
+        }
+        let per_sm = self
+            .function(name, smem)?
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)?;
+        let n = self.sm_count * (per_sm.max(1) as usize);
+        self.occupancy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, n);
+        Ok(n)
     }
 
     /// Kernel `name`, loaded on first use, with its dynamic shared-memory limit raised to

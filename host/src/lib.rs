@@ -22,8 +22,8 @@ pub mod timing;
 
 pub use bwd::{deterministic_splits, flash_attn_backward, flash_attn_backward_into, BwdMode};
 pub use decode::{
-    attn_with_kvcache, attn_with_kvcache_into, decode_splits, merge_attention_states,
-    DecodeOptions, KvCache, NewKv,
+    attn_with_kvcache, attn_with_kvcache_into, auto_decode_splits, decode_splits,
+    merge_attention_states, DecodeOptions, HostCacheMeta, KvCache, NewKv,
 };
 pub use device::{device_count, Device};
 pub use dtype::{DType, Element};

@@ -531,8 +531,8 @@ registry! {
     decode {
         32 Causal [flash_decode_f16_d32, flash_decode_bf16_d32] [(2, 4, 4, true), (2, 4, 4, true)];
         64 Causal [flash_decode_f16_d64, flash_decode_bf16_d64] [(2, 4, 4, true), (2, 4, 4, true)];
-        96 Causal [flash_decode_f16_d96, flash_decode_bf16_d96] [(2, 4, 2, false), (2, 4, 3, false)];
-        128 Causal [flash_decode_f16_d128, flash_decode_bf16_d128] [(2, 4, 2, false), (2, 4, 3, false)];
+        96 Causal [flash_decode_f16_d96, flash_decode_bf16_d96] [(2, 4, 2, false), (2, 8, 3, false)];
+        128 Causal [flash_decode_f16_d128, flash_decode_bf16_d128] [(2, 4, 2, false), (2, 8, 3, false)];
         256 Causal [flash_decode_f16_d256, flash_decode_bf16_d256] [(1, 2, 2, false), (1, 4, 3, false)];
     }
     decode_passes {

@@ -10,7 +10,7 @@
 use flash_attn::cpu::{attention_naive, attention_reference, gather_sequence};
 use flash_attn::{
     attn_with_kvcache, attn_with_kvcache_into, flash_attn, merge_attention_states, AttnParams,
-    DecodeOptions, Device, DeviceTensor, Element, FlashError, KvCache, NewKv,
+    DecodeOptions, Device, DeviceTensor, Element, FlashError, HostCacheMeta, KvCache, NewKv,
 };
 use flash_attn_tests::gpu::{device as gpu_device, download3, download4, gpu_cases};
 use flash_attn_tests::{check_accuracy, random_array, standard_normal, to_f64};
@@ -42,6 +42,8 @@ struct Case {
     causal: bool,
     scale: Option<f32>,
     splits: Option<usize>,
+    /// Validate from a host copy of the lengths and block table (else read back).
+    host_meta: bool,
 }
 
 /// A cache in host memory: the tensors as uploaded, the block table, and where each
@@ -137,6 +139,7 @@ fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
     let mut kc = up4(&host.k)?;
     let mut vc = up4(&host.v)?;
     let lens: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
+    let table_host: Option<Vec<i32>> = host.table.as_ref().map(|t| t.iter().copied().collect());
     let lens_d = DeviceTensor::from_host(dev, &[b], &lens).map_err(err)?;
     let table_d = match &host.table {
         Some(t) => Some(DeviceTensor::from_ndarray(dev, t.view()).map_err(err)?),
@@ -158,6 +161,10 @@ fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
             v: &mut vc,
             seqlens: &lens_d,
             block_table: table_d.as_ref(),
+            host: c.host_meta.then_some(HostCacheMeta {
+                seqlens: &lens,
+                block_table: table_host.as_deref(),
+            }),
         },
         new_d.as_ref().map(|(k, v)| NewKv { k, v }),
         &params,
@@ -281,6 +288,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
         splits,
         0u32..100,
         0usize..=3,
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -295,6 +303,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 splits,
                 size_class,
                 append,
+                host_meta,
             )| {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
                 let (max_len, hq, hkv) = match size_class {
@@ -333,6 +342,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                     causal,
                     scale,
                     splits,
+                    host_meta,
                 }
             },
         )
@@ -376,6 +386,7 @@ fn every_decode_kernel_and_split_count() {
                     causal: true,
                     scale: None,
                     splits: Some(splits),
+                    host_meta: page_size.is_some(),
                 };
                 run_case::<f16>(dev, &c).unwrap();
                 run_case::<bf16>(dev, &c).unwrap();
@@ -544,6 +555,7 @@ fn invalid_decode_calls_are_typed_errors() {
                 v: &mut vc,
                 seqlens,
                 block_table: table,
+                host: None,
             },
             new.then_some(NewKv { k: &kn, v: &vn }),
             &p,
@@ -592,6 +604,7 @@ fn invalid_decode_calls_are_typed_errors() {
                 v: &mut vp,
                 seqlens,
                 block_table: Some(&t),
+                host: None,
             },
             None,
             &p,
@@ -626,6 +639,7 @@ fn invalid_decode_calls_are_typed_errors() {
             v: &mut v12,
             seqlens: &lens(&[5, 5]),
             block_table: Some(&t),
+            host: None,
         },
         None,
         &p,
@@ -637,4 +651,71 @@ fn invalid_decode_calls_are_typed_errors() {
         before,
         "a failed call changed the cache"
     );
+}
+
+/// A host copy of the lengths and block table that differs from the device tensors gives
+/// wrong results but never a read or write outside the cache (the kernels clamp lengths to
+/// the capacity and page indices into the pool; run under compute-sanitizer memcheck), and
+/// the host copy's own values are validated like the device's.
+#[test]
+fn host_cache_meta_that_lies_stays_inside_the_cache() {
+    let Some(dev) = device() else { return };
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let (b, hkv, d, page, pages) = (2usize, 2usize, 64usize, 16usize, 6usize);
+    let q = random_array::<f16>(&mut rng, [b, 2, 4, d], 1.0);
+    let pool = random_array::<f16>(&mut rng, [pages, page, hkv, d], 1.0);
+    let new = random_array::<f16>(&mut rng, [b, 2, hkv, d], 1.0);
+    let up = |a: &Array4<f16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
+    let (qd, newd) = (up(&q), up(&new));
+    let (mut k, mut v) = (up(&pool), up(&pool));
+    // The device says: lengths far past the cache and negative; pages out of the pool.
+    let lens_d = DeviceTensor::from_host(dev, &[b], &[1 << 30, -5]).unwrap();
+    let table_d = DeviceTensor::from_host(dev, &[b, 3], &[99, -1, 7, 2, 1_000_000, -9]).unwrap();
+    // The host copy says something valid.
+    let host = HostCacheMeta {
+        seqlens: &[20, 3],
+        block_table: Some(&[0, 1, 2, 3, 4, 5]),
+    };
+    for splits in [1, 4] {
+        let (o, lse) = attn_with_kvcache(
+            dev,
+            &qd,
+            KvCache {
+                k: &mut k,
+                v: &mut v,
+                seqlens: &lens_d,
+                block_table: Some(&table_d),
+                host: Some(host),
+            },
+            Some(NewKv { k: &newd, v: &newd }),
+            &AttnParams::default(),
+            &DecodeOptions {
+                num_splits: Some(splits),
+            },
+        )
+        .unwrap();
+        dev.synchronize().unwrap();
+        assert_eq!(download4(dev, &o).dim(), (b, 2, 4, d));
+        assert_eq!(download3(dev, &lse).dim(), (b, 4, 2));
+    }
+    // An invalid host copy is a typed error like an invalid device tensor.
+    let bad = HostCacheMeta {
+        seqlens: &[20, 3],
+        block_table: Some(&[0, 6, 2, 3, 4, 5]),
+    };
+    let r = attn_with_kvcache(
+        dev,
+        &qd,
+        KvCache {
+            k: &mut k,
+            v: &mut v,
+            seqlens: &lens_d,
+            block_table: Some(&table_d),
+            host: Some(bad),
+        },
+        None,
+        &AttnParams::default(),
+        &DecodeOptions::default(),
+    );
+    assert!(matches!(r, Err(FlashError::Shape(_))), "{:?}", r.err());
 }

@@ -22,10 +22,10 @@
 use clap::{ArgAction, Parser};
 use flash_attn::timing::{median, time_ms};
 use flash_attn::{
-    attn_with_kvcache_into, decode_splits, flash_attn_backward_into, flash_attn_into, AttnParams,
-    BwdMode, DecodeOptions, Device, DeviceTensor, Element, KvCache, Result,
+    attn_with_kvcache_into, auto_decode_splits, flash_attn_backward_into, flash_attn_into,
+    AttnParams, BwdMode, DecodeOptions, Device, DeviceTensor, Element, HostCacheMeta, KvCache,
+    Result,
 };
-use flash_attn_kernels::registry::{decode_kernel, MaskKind};
 use half::{bf16, f16};
 
 const TOKENS: usize = 16 * 1024;
@@ -255,7 +255,10 @@ struct Args {
     /// Only this head dim (64 or 128)
     #[arg(long, value_name = "D")]
     d: Option<usize>,
-    /// Only this sequence length
+    /// Only this batch size (decode rows)
+    #[arg(long, value_name = "B")]
+    batch: Option<usize>,
+    /// Only this sequence length (the context, for decode rows)
     #[arg(long, value_name = "N")]
     n: Option<usize>,
     /// Only this dtype
@@ -320,7 +323,7 @@ fn main() {
     let device = dev.name().unwrap_or_default();
     let date = std::env::var("BENCH_DATE").unwrap_or_default();
     if args.op == "decode" {
-        let rows = bench_decode(&dev, reps, quick).unwrap_or_else(|e| {
+        let rows = bench_decode(&dev, reps, quick, args.n, args.batch).unwrap_or_else(|e| {
             eprintln!("flash-attn-bench: error: {e}");
             std::process::exit(1);
         });
@@ -374,20 +377,28 @@ const DECODE_MAX_BYTES: usize = 24 << 30;
 /// The decode rows (see the module docs): one `attn_with_kvcache_into` call per timed
 /// iteration, every sequence full (`cache_seqlens` = context), nothing appended. K and V are
 /// zero (random Q): the time of this bandwidth-bound kernel does not depend on the values.
-fn bench_decode(dev: &Device, reps: usize, quick: bool) -> Result<Vec<serde_json::Value>> {
+fn bench_decode(
+    dev: &Device,
+    reps: usize,
+    quick: bool,
+    only_n: Option<usize>,
+    only_b: Option<usize>,
+) -> Result<Vec<serde_json::Value>> {
     let (hq, d) = (32usize, 128usize);
     let contexts: &[usize] = if quick {
         &[8192, 32768]
     } else {
         &[1024, 8192, 32768, 131072]
     };
-    let block_m = decode_kernel(d, MaskKind::Causal)
-        .expect("a d = 128 decode kernel")
-        .tile(dev.arch())
-        .block_m();
     let mut rows = Vec::new();
     for b in [1usize, 8, 64] {
+        if only_b.is_some_and(|x| x != b) {
+            continue;
+        }
         for &n in contexts {
+            if only_n.is_some_and(|x| x != n) {
+                continue;
+            }
             for hkv in [1usize, 8] {
                 let bytes = 2 * b * n * hkv * d * 2;
                 if bytes > DECODE_MAX_BYTES {
@@ -400,8 +411,7 @@ fn bench_decode(dev: &Device, reps: usize, quick: bool) -> Result<Vec<serde_json
                 let mut o = DeviceTensor::<bf16>::zeros(dev, &[b, 1, hq, d])?;
                 let mut lse = DeviceTensor::<f32>::zeros(dev, &[b, hq, 1])?;
                 let lens = DeviceTensor::from_host(dev, &[b], &vec![n as i32; b])?;
-                let blocks = b * hkv * (hq / hkv).div_ceil(block_m);
-                let splits = decode_splits(dev.sm_count(), blocks, n);
+                let splits = auto_decode_splits::<bf16>(dev, d, [b, hq, hkv, 1], n)?;
                 for page in [0usize, 16, 256] {
                     // Paged: the same bytes as pages in a shuffled order.
                     let pages = b * n / page.max(1);
@@ -425,40 +435,57 @@ fn bench_decode(dev: &Device, reps: usize, quick: bool) -> Result<Vec<serde_json
                     } else {
                         None
                     };
-                    let times = time_ms(dev, 3, reps, || {
-                        attn_with_kvcache_into(
-                            dev,
-                            &q,
-                            KvCache {
-                                k: &mut k,
-                                v: &mut v,
-                                seqlens: &lens,
-                                block_table: table.as_ref(),
-                            },
-                            None,
-                            &AttnParams::default(),
-                            &DecodeOptions::default(),
-                            &mut o,
-                            &mut lse,
-                        )
-                    })?;
-                    let ms = median(&times);
                     let layout = if page == 0 {
                         "contiguous".to_string()
                     } else {
                         format!("paged{page}")
                     };
-                    let gbps = bytes as f64 / (ms as f64 * 1e-3) / 1e9;
-                    eprintln!(
-                        "decode bf16 d={d} b={b:<3} hq={hq} hkv={hkv} n={n:<6} {layout:<10} splits={splits:<3} {:>9.1} us {gbps:>7.0} GB/s",
-                        ms * 1e3
-                    );
-                    rows.push(serde_json::json!({
-                        "op": "decode", "dtype": "bf16", "d": d, "b": b, "h": hq, "h_kv": hkv,
-                        "n": n, "nq": 1, "causal": false, "layout": layout, "splits": splits,
-                        "launches": if splits > 1 { 2 } else { 1 },
-                        "ours_ms": ms, "ours_gbps": gbps, "kv_bytes": bytes,
-                    }));
+                    let lens_host = vec![n as i32; b];
+                    let table_host = table.as_ref().map(|t| t.to_host(dev)).transpose()?;
+                    // Validation from host copies of the lengths and table (no
+                    // synchronisation), and for contiguous caches also from the device
+                    // tensors read back (the call's default).
+                    let metas: &[&str] = if page == 0 {
+                        &["host", "device"]
+                    } else {
+                        &["host"]
+                    };
+                    for &meta in metas {
+                        let host = (meta == "host").then(|| HostCacheMeta {
+                            seqlens: &lens_host,
+                            block_table: table_host.as_deref(),
+                        });
+                        let times = time_ms(dev, 3, reps, || {
+                            attn_with_kvcache_into(
+                                dev,
+                                &q,
+                                KvCache {
+                                    k: &mut k,
+                                    v: &mut v,
+                                    seqlens: &lens,
+                                    block_table: table.as_ref(),
+                                    host,
+                                },
+                                None,
+                                &AttnParams::default(),
+                                &DecodeOptions::default(),
+                                &mut o,
+                                &mut lse,
+                            )
+                        })?;
+                        let ms = median(&times);
+                        let gbps = bytes as f64 / (ms as f64 * 1e-3) / 1e9;
+                        eprintln!(
+                            "decode bf16 d={d} b={b:<3} hq={hq} hkv={hkv} n={n:<6} {layout:<10} {meta:<6} splits={splits:<3} {:>9.1} us {gbps:>7.0} GB/s",
+                            ms * 1e3
+                        );
+                        rows.push(serde_json::json!({
+                            "op": "decode", "dtype": "bf16", "d": d, "b": b, "h": hq, "h_kv": hkv,
+                            "n": n, "nq": 1, "causal": false, "layout": layout, "meta": meta,
+                            "splits": splits, "launches": if splits > 1 { 2 } else { 1 },
+                            "ours_ms": ms, "ours_gbps": gbps, "kv_bytes": bytes,
+                        }));
+                    }
                     if page > 0 {
                         k = k.with_layout(&[b, n, hkv, d], &[n * hkv * d, hkv * d, d, 1], 0)?;
                         v = v.with_layout(&[b, n, hkv, d], &[n * hkv * d, hkv * d, d, 1], 0)?;

@@ -893,6 +893,7 @@ fn gpu_decode<T: Element>(
             v: &mut v,
             seqlens: &seqlens,
             block_table: table.as_ref(),
+            host: None, // validated from the device tensors, as most callers would
         },
         new.as_ref().map(|(k, v)| flash_attn::NewKv { k, v }),
         params,

@@ -45,6 +45,21 @@ pub struct KvCache<'a, T> {
     pub seqlens: &'a DeviceTensor<i32>,
     /// Pages per sequence, `[B, max_pages]` i32, for a paged cache.
     pub block_table: Option<&'a DeviceTensor<i32>>,
+    /// The same lengths and block table in host memory, when the caller has them: the call
+    /// then validates them instead of copying the device tensors back (no synchronisation).
+    pub host: Option<HostCacheMeta<'a>>,
+}
+
+/// A host copy of a cache's lengths and block table (see [`KvCache::host`]). The caller
+/// vouches that it equals the device tensors; where it does not, the results are wrong, but
+/// the kernels still never read or write outside the cache: they clamp each sequence's keys
+/// to the cache's capacity and page indices into the pool.
+#[derive(Clone, Copy, Debug)]
+pub struct HostCacheMeta<'a> {
+    /// `seqlens`, `[B]`.
+    pub seqlens: &'a [i32],
+    /// The block table, row-major `[B, max_pages]` (paged caches).
+    pub block_table: Option<&'a [i32]>,
 }
 
 /// Keys and values of the new tokens, `[B, N_new, Hkv, d]` each, appended to the cache by
@@ -76,9 +91,9 @@ pub struct DecodeOptions {
 /// with no visible key gets O = 0 and LSE = −∞. GQA/MQA: the query heads of one KV head share
 /// one block, so each byte of the cache is read once per group.
 ///
-/// Validation reads `seqlens` and `block_table` back to the host (one small blocking copy
-/// each) to check every length against the cache and every page index the lengths reach
-/// against the pages before anything is launched.
+/// Every length is checked against the cache, and every page index the lengths reach
+/// against the pool, before anything is launched: from [`KvCache::host`] when given, else
+/// by reading `seqlens` and `block_table` back to the host (one small blocking copy each).
 pub fn attn_with_kvcache<T: Element>(
     dev: &Device,
     q: &DeviceTensor<T>,
@@ -115,7 +130,7 @@ pub fn attn_with_kvcache_into<T: Element>(
     let call = check_cache(dev, q, &cache, new_kv, o, lse)?;
     let scale_log2 = params.scale_log2(call.head_dim)?;
     let kernel = decode_kernel::<T>(call.head_dim)?;
-    let splits = pick_splits(dev, &call, kernel.tile(dev).block_m(), options)?;
+    let splits = pick_splits(dev, &call, kernel, options)?;
     let padded_d = padded_head_dim(call.head_dim);
 
     let layout = |seqlens: u64, appended: usize| KvLayout {
@@ -124,6 +139,8 @@ pub fn attn_with_kvcache_into<T: Element>(
         page_size: call.page_size as u32,
         seqlens,
         appended: appended as u32,
+        capacity: call.capacity as u32,
+        entries: call.entries as u32,
         reserved: 0,
     };
     let seqlens = cache.seqlens.device_address(dev);
@@ -195,9 +212,11 @@ pub(crate) fn forward_via_decode<T: Element>(
         return Ok(false);
     }
     let kernel = decode_kernel::<T>(shape.head_dim)?;
-    let rows = shape.group_size() * shape.seqlen_q;
-    let blocks = shape.batch * shape.heads_kv * rows.div_ceil(kernel.tile(dev).block_m());
-    let splits = decode_splits(dev.sm_count(), blocks, shape.seqlen_k);
+    let splits = kernel.auto_splits(
+        dev,
+        [shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q],
+        shape.seqlen_k,
+    )?;
     if splits <= 1 {
         return Ok(false);
     }
@@ -208,7 +227,11 @@ pub(crate) fn forward_via_decode<T: Element>(
         q,
         k: operand(dev, k, &k_packed),
         v: operand(dev, v, &v_packed),
-        kv: KvLayout::default(),
+        kv: KvLayout {
+            capacity: shape.seqlen_k as u32,
+            entries: shape.batch as u32,
+            ..KvLayout::default()
+        },
         dims: SeqDims {
             batch: shape.batch as u32,
             heads_q: shape.heads_q as u32,
@@ -265,7 +288,7 @@ pub fn merge_attention_states<T: Element>(
         ..CombineParams::default()
     };
     let name = registry::MERGE_KERNELS[kernel_dtype::<T>() as usize];
-    launch_combine(dev, name, b * h * n, p)?;
+    launch_combine(dev, name, b * h * n, padded_d, p)?;
     if let Some(packed) = &o_packed {
         scatter_output(dev, &o, packed, d, padded_d)?;
     }
@@ -296,7 +319,7 @@ impl Splits {
 fn pick_splits(
     dev: &Device,
     call: &CacheCall,
-    block_m: usize,
+    kernel: DecodeKernel,
     options: &DecodeOptions,
 ) -> Result<Splits> {
     let wanted = match options.num_splits {
@@ -306,11 +329,11 @@ fn pick_splits(
                 "num_splits must be 1..={MAX_DECODE_SPLITS}, got {n}"
             )))
         }
-        None => {
-            let rows = call.heads_q / call.heads_kv * call.seqlen_q;
-            let blocks = call.batch * call.heads_kv * rows.div_ceil(block_m);
-            decode_splits(dev.sm_count(), blocks, call.max_keys)
-        }
+        None => kernel.auto_splits(
+            dev,
+            [call.batch, call.heads_q, call.heads_kv, call.seqlen_q],
+            call.max_keys,
+        )?,
     };
     Ok(Splits::new(wanted, call.max_keys))
 }
@@ -337,6 +360,33 @@ impl DecodeKernel {
     fn tile(&self, dev: &Device) -> flash_attn_kernels::config::DecodeTile {
         self.row.tile(dev.arch())
     }
+
+    /// [`decode_splits`] for `[batch, heads_q, heads_kv, seqlen_q]` over at most `max_keys`
+    /// keys: blocks are (batch, KV head, row tile), and the GPU holds as many of them as the
+    /// driver's occupancy says.
+    fn auto_splits(
+        &self,
+        dev: &Device,
+        [b, hq, hkv, nq]: [usize; 4],
+        max_keys: usize,
+    ) -> Result<usize> {
+        let tile = self.tile(dev);
+        let blocks = b * hkv * (hq / hkv * nq).div_ceil(tile.block_m());
+        let resident = dev.resident_blocks(self.name, tile.threads() as u32, tile.smem_bytes())?;
+        Ok(decode_splits(resident, blocks, max_keys))
+    }
+}
+
+/// The number of key splits [`attn_with_kvcache`] picks by itself for `T`, a head dim and
+/// `[batch, heads_q, heads_kv, new queries]` over at most `max_keys` keys (for benchmarks and
+/// logs).
+pub fn auto_decode_splits<T: Element>(
+    dev: &Device,
+    head_dim: usize,
+    sizes: [usize; 4],
+    max_keys: usize,
+) -> Result<usize> {
+    decode_kernel::<T>(head_dim)?.auto_splits(dev, sizes, max_keys)
 }
 
 fn kernel_dtype<T: Element>() -> KernelDType {
@@ -438,7 +488,7 @@ fn run_decode<T: Element>(
             ..CombineParams::default()
         };
         let name = registry::DECODE_COMBINE_KERNELS[kernel_dtype::<T>() as usize];
-        launch_combine(dev, name, b * hq * nq, c)?;
+        launch_combine(dev, name, b * hq * nq, padded_d, c)?;
     }
     if let Some(packed) = &o_packed {
         scatter_output(dev, o, packed, a.head_dim, padded_d)?;
@@ -446,10 +496,17 @@ fn run_decode<T: Element>(
     Ok(())
 }
 
-/// Launches a combine or merge kernel over `rows` output rows (one warp each).
-fn launch_combine(dev: &Device, name: &'static str, rows: usize, p: CombineParams) -> Result<()> {
-    let per_block = COMBINE_THREADS / 32;
-    let blocks = rows.div_ceil(per_block);
+/// Launches a combine or merge kernel over `rows` output rows of `head_dim` (padded)
+/// columns: one warp per row and 64-column chunk.
+fn launch_combine(
+    dev: &Device,
+    name: &'static str,
+    rows: usize,
+    head_dim: usize,
+    p: CombineParams,
+) -> Result<()> {
+    let warps = rows * head_dim.div_ceil(64);
+    let blocks = warps.div_ceil(COMBINE_THREADS / 32);
     if blocks > i32::MAX as usize {
         return Err(FlashError::TooLarge(format!("{rows} rows to merge")));
     }

@@ -7,15 +7,15 @@ use flash_attn_kernels::config::MAX_DECODE_SPLITS;
 const MIN_KEYS_PER_SPLIT: usize = 256;
 
 /// The automatic number of key splits for `blocks` (batch × KV heads × query-row tiles)
-/// blocks over at most `max_keys` keys on a GPU of `sm_count` SMs: 1 when the blocks already
-/// fill the GPU, else enough splits for about two blocks per SM, each split holding at least
-/// 256 keys, at most 128 splits.
-pub fn decode_splits(sm_count: usize, blocks: usize, max_keys: usize) -> usize {
+/// blocks over at most `max_keys` keys on a GPU that holds `resident` decode blocks at once
+/// (SMs × blocks per SM): 1 when the blocks already fill half of it, else enough splits to
+/// fill it once, each split holding at least 256 keys, at most 128 splits.
+pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize) -> usize {
     let blocks = blocks.max(1);
-    if blocks >= sm_count {
+    if 2 * blocks >= resident {
         return 1;
     }
-    let wanted = (2 * sm_count).div_ceil(blocks);
+    let wanted = resident.div_ceil(blocks);
     let most = (max_keys / MIN_KEYS_PER_SPLIT).max(1);
     wanted.min(most).clamp(1, MAX_DECODE_SPLITS)
 }
@@ -26,15 +26,20 @@ mod tests {
 
     #[test]
     fn splits_fill_the_gpu_only_when_it_is_not_full() {
-        // B = 64, Hkv = 8: 512 blocks on 132 SMs.
-        assert_eq!(decode_splits(132, 512, 32 * 1024), 1);
+        // 132 SMs, two blocks each. B = 64, Hkv = 8: 512 blocks.
+        assert_eq!(decode_splits(264, 512, 32 * 1024), 1);
         // B = 1, Hkv = 8, 32K keys: 264 / 8 = 33 splits of ~1K keys.
-        assert_eq!(decode_splits(132, 8, 32 * 1024), 33);
+        assert_eq!(decode_splits(264, 8, 32 * 1024), 33);
+        // One block per SM: half as many.
+        assert_eq!(decode_splits(132, 8, 32 * 1024), 17);
         // B = 1, Hkv = 1, 128K keys: capped at 128.
-        assert_eq!(decode_splits(132, 1, 128 * 1024), 128);
+        assert_eq!(decode_splits(264, 1, 128 * 1024), 128);
         // Short caches are not split below 256 keys per split.
-        assert_eq!(decode_splits(132, 1, 1000), 3);
-        assert_eq!(decode_splits(132, 1, 100), 1);
-        assert_eq!(decode_splits(132, 0, 0), 1);
+        assert_eq!(decode_splits(264, 1, 1000), 3);
+        assert_eq!(decode_splits(264, 1, 100), 1);
+        assert_eq!(decode_splits(264, 0, 0), 1);
+        // Blocks filling half the GPU are not split.
+        assert_eq!(decode_splits(264, 132, 1 << 20), 1);
+        assert_eq!(decode_splits(264, 131, 1 << 20), 3);
     }
 }

@@ -2,6 +2,7 @@
 //! contexts, strides and aliasing on the host, then the cache lengths and block table, read
 //! back from the device, against the cache.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use crate::device::Device;
@@ -28,6 +29,10 @@ pub(super) struct CacheCall {
     pub page_size: usize,
     /// New keys appended per sequence.
     pub appended: usize,
+    /// Keys the cache holds per sequence.
+    pub capacity: usize,
+    /// Pages in the pool (paged) or batch entries (contiguous).
+    pub entries: usize,
     /// The most keys any sequence attends to (cached + appended).
     pub max_keys: usize,
 }
@@ -142,12 +147,36 @@ pub(super) fn check_cache<T: Element>(
     }
 
     // The lengths and pages, read back: every key the call writes or reads must exist.
-    let lens = cache.seqlens.to_host(dev)?;
-    let table = match cache.block_table {
-        Some(t) => t.to_host(dev)?,
-        None => Vec::new(),
-    };
     let max_pages = table_dims.map_or(0, |[_, m]| m);
+    let (lens, table) = match cache.host {
+        Some(host) => {
+            let table = match (host.block_table, table_dims) {
+                (Some(t), Some(_)) if t.len() == batch * max_pages => Cow::Borrowed(t),
+                (None, None) => Cow::Borrowed(&[][..]),
+                (t, _) => {
+                    return Err(FlashError::Shape(format!(
+                        "the host block table has {:?} entries, the device one {} ({batch} × {max_pages})",
+                        t.map(<[i32]>::len),
+                        batch * max_pages
+                    )))
+                }
+            };
+            if host.seqlens.len() != batch {
+                return Err(FlashError::Shape(format!(
+                    "the host cache_seqlens has {} entries, expected {batch}",
+                    host.seqlens.len()
+                )));
+            }
+            (Cow::Borrowed(host.seqlens), table)
+        }
+        None => (
+            Cow::Owned(cache.seqlens.to_host(dev)?),
+            match cache.block_table {
+                Some(t) => Cow::Owned(t.to_host(dev)?),
+                None => Cow::Borrowed(&[][..]),
+            },
+        ),
+    };
     let mut max_keys = 0;
     check_decode_lengths(
         &shape,
@@ -166,6 +195,8 @@ pub(super) fn check_cache<T: Element>(
         head_dim,
         page_size,
         appended,
+        capacity,
+        entries: shape.entries,
         max_keys,
     })
 }

@@ -11,6 +11,11 @@ use super::{MaskArgs, RowStatsRef, SeqDims, TensorRef};
 /// entry `b` (the [`TensorRef`]'s batch stride). Otherwise key `j` is row `j % page_size` of
 /// page `block_table[b · table_stride + j / page_size]` (the batch stride is then the page
 /// stride).
+///
+/// The host validates the lengths and pages, from the device tensors or from a host copy the
+/// caller vouches for. So that a copy that differs from the device never makes a kernel read
+/// or write outside the cache, the kernels also clamp: a sequence's keys to `capacity`, and
+/// page indices into `0 .. entries`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvLayout {
@@ -26,12 +31,16 @@ pub struct KvLayout {
     /// Keys appended by this call after each sequence's cached ones: sequence `b` attends to
     /// `seqlens[b] + appended` keys.
     pub appended: u32,
+    /// Keys the cache holds per sequence (`max_pages · page_size` when paged).
+    pub capacity: u32,
+    /// Pages in the pool (paged) or batch entries of the cache (contiguous).
+    pub entries: u32,
     /// Keeps the size a multiple of 8 bytes.
     pub reserved: u32,
 }
 
 impl KvLayout {
-    /// Keys that batch entry `batch` attends to.
+    /// Keys that batch entry `batch` attends to (at most `capacity`).
     ///
     /// # Safety
     /// `seqlens`, when set, points to at least `batch + 1` readable i32.
@@ -40,8 +49,19 @@ impl KvLayout {
         if self.seqlens == 0 {
             dims.seqlen_k
         } else {
-            *(self.seqlens as *const i32).add(batch as usize) as u32 + self.appended
+            self.cached(batch)
+                .saturating_add(self.appended)
+                .min(self.capacity)
         }
+    }
+
+    /// Keys cached for batch entry `batch` before this call (a negative length reads as 0).
+    ///
+    /// # Safety
+    /// `seqlens` points to at least `batch + 1` readable i32.
+    #[inline(always)]
+    pub unsafe fn cached(&self, batch: u32) -> u32 {
+        (*(self.seqlens as *const i32).add(batch as usize)).max(0) as u32
     }
 
     /// Where key `key` of batch entry `batch` lives: `(entry, row)` such that its element
@@ -51,7 +71,8 @@ impl KvLayout {
     /// multiples of 16 keys).
     ///
     /// # Safety
-    /// The block table, when set, holds a valid page for `key` (the host checks).
+    /// `key < capacity`; the block table, when set, has `capacity / page_size` readable
+    /// entries per batch row (page indices outside the pool are clamped into it).
     #[inline(always)]
     pub unsafe fn key_slot(&self, batch: u32, key: u32) -> (u32, u32) {
         if self.block_table == 0 {
@@ -59,8 +80,11 @@ impl KvLayout {
         } else {
             let slot =
                 batch as usize * self.table_stride as usize + (key / self.page_size) as usize;
-            let page = *(self.block_table as *const i32).add(slot) as u32;
-            (page, key % self.page_size)
+            let page = *(self.block_table as *const i32).add(slot);
+            (
+                page.max(0).min(self.entries as i32 - 1) as u32,
+                key % self.page_size,
+            )
         }
     }
 }
@@ -171,7 +195,7 @@ pub struct AppendParams {
     pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<KvLayout>() == 32);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 4 * 32 + 24 + 24 + 8 + 32 + 16 + 16);
+const _: () = assert!(core::mem::size_of::<KvLayout>() == 40);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 4 * 32 + 24 + 24 + 8 + 40 + 16 + 16);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 32 + 24 + 64 + 48 + 24 + 8 + 16);
-const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 32 + 32 + 16);
+const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 32 + 40 + 16);

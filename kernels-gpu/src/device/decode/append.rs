@@ -23,7 +23,11 @@ pub unsafe fn kv_append(p: &AppendParams) {
         let head = ((idx / d) % heads) as u32;
         let i = ((idx / (d * heads)) % n) as u32;
         let batch = (idx / (d * heads * n)) as u32;
-        let key = *(p.kv.seqlens as *const i32).add(batch as usize) as u32 + i;
+        let key = p.kv.cached(batch).saturating_add(i);
+        idx += step;
+        if key >= p.kv.capacity {
+            continue; // only with lengths the host did not see (see `KvLayout`)
+        }
         let (entry, row) = p.kv.key_slot(batch, key);
         for (new, cache) in [(&p.k_new, &p.k), (&p.v_new, &p.v)] {
             let src = (new.ptr as *const u16)
@@ -32,6 +36,5 @@ pub unsafe fn kv_append(p: &AppendParams) {
                 .add((cache.strides.offset(entry, row, head) + c as u64) as usize);
             *dst = *src;
         }
-        idx += step;
     }
 }

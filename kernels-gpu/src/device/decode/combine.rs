@@ -7,8 +7,9 @@
 //! with the maximum subtracted first. States with LSE = −∞ (no key) weigh nothing; a row whose
 //! states all have LSE = −∞ gets O = 0 and LSE = −∞; a NaN LSE makes the row NaN.
 //!
-//! One warp per output row, no shared memory: lane `l` holds the LSE of states `l`, `l + 32`,
-//! ... (at most [`crate::config::MAX_DECODE_SPLITS`]) and columns `2·l + 64·j`, `+1`.
+//! One warp per output row and 64-column chunk, no shared memory: lane `l` holds the LSE of
+//! states `l`, `l + 32`, ... (at most [`crate::config::MAX_DECODE_SPLITS`]) and columns
+//! `64·chunk + 2·l`, `+1`; the states' O are read eight at a time.
 
 use super::super::elem::Elem;
 use super::super::frag::ThreadPos;
@@ -21,8 +22,11 @@ const LOG2_E: f32 = core::f32::consts::LOG2_E;
 const LN_2: f32 = core::f32::consts::LN_2;
 /// States per lane (`MAX_DECODE_SPLITS / 32`).
 const STATES_PER_LANE: usize = 4;
-/// Column pairs per lane (head dims up to 256).
-const PAIRS_PER_LANE: usize = 4;
+/// Columns per warp: two per lane.
+const CHUNK_COLS: u32 = 64;
+/// States whose O loads are issued together (the loop is latency-bound otherwise: few rows
+/// and up to 128 states each).
+const UNROLL: usize = 8;
 
 /// Where the states of row `(batch, head, token)` come from.
 trait States {
@@ -140,7 +144,10 @@ unsafe fn merge_rows<E: Elem, S: States>(p: &CombineParams, states: &S) {
     let (bx, _, _) = ptx::ctaid();
     let d = &p.dims;
     let rows = d.batch as u64 * d.heads_q as u64 * d.seqlen_q as u64;
-    let index = bx as u64 * (ptx::ntid_x() / 32) as u64 + me.warp as u64;
+    // One warp per (row, 64-column chunk): more warps in flight when rows are few.
+    let chunks = d.head_dim.div_ceil(CHUNK_COLS) as u64;
+    let warp = bx as u64 * (ptx::ntid_x() / 32) as u64 + me.warp as u64;
+    let (index, chunk) = (warp / chunks, (warp % chunks) as u32);
     if index >= rows {
         return; // the whole warp
     }
@@ -185,40 +192,48 @@ unsafe fn merge_rows<E: Elem, S: States>(p: &CombineParams, states: &S) {
         (0.0, f32::NEG_INFINITY)
     };
 
-    let mut acc = [[0.0f32; 2]; PAIRS_PER_LANE];
-    let col = |j: usize| 2 * me.lane + 64 * j as u32;
+    // This lane's two columns; `UNROLL` states at a time, their loads issued together.
+    let col = CHUNK_COLS * chunk + 2 * me.lane;
+    let mut acc = [0.0f32; 2];
+    // Every lane runs the loop (it shuffles); only lanes inside the head dim load.
     if sum != 0.0 {
-        for (i, w) in weight.iter().enumerate() {
-            for lane in 0..32 {
-                let s = 32 * i as u32 + lane;
-                if s >= n {
-                    break; // warp-uniform
-                }
-                let w = ptx::shfl_sync_idx(*w, lane) * inv;
-                if w == 0.0 {
-                    continue; // a state without keys: its O is not read (it may be anything)
-                }
-                for (j, a) in acc.iter_mut().enumerate() {
-                    if col(j) < d.head_dim {
-                        let [x, y] = states.o_pair(s, row, col(j));
-                        a[0] += w * x;
-                        a[1] += w * y;
-                    }
+        let mut s0 = 0;
+        while s0 < n {
+            let mut w = [0.0f32; UNROLL];
+            let mut x = [[0.0f32; 2]; UNROLL];
+            for u in 0..UNROLL {
+                let s = s0 + u as u32;
+                // State s's weight is in lane s % 32 of `weight[s / 32]`.
+                let held = match s / 32 {
+                    0 => weight[0],
+                    1 => weight[1],
+                    2 => weight[2],
+                    _ => weight[3],
+                };
+                w[u] = ptx::shfl_sync_idx(held, s % 32) * inv;
+                // A state without keys (or past the last) weighs 0 and its O, which may be
+                // anything, is not read.
+                if s < n && w[u] != 0.0 && col < d.head_dim {
+                    x[u] = states.o_pair(s, row, col);
+                } else {
+                    w[u] = 0.0;
                 }
             }
+            for u in 0..UNROLL {
+                acc[0] += w[u] * x[u][0];
+                acc[1] += w[u] * x[u][1];
+            }
+            s0 += UNROLL as u32;
         }
     }
     if lse_out.is_nan() {
-        acc = [[f32::NAN; 2]; PAIRS_PER_LANE];
+        acc = [f32::NAN; 2];
     }
-    let base = p.o.strides.offset(row.batch, row.token, row.head);
-    for (j, a) in acc.iter().enumerate() {
-        if col(j) < d.head_dim {
-            let dst = (p.o.ptr as *mut u16).add((base + col(j) as u64) as usize) as *mut u32;
-            *dst = E::pack(a[0], a[1]);
-        }
+    if col < d.head_dim {
+        let at = p.o.strides.offset(row.batch, row.token, row.head) + col as u64;
+        *((p.o.ptr as *mut u16).add(at as usize) as *mut u32) = E::pack(acc[0], acc[1]);
     }
-    if me.lane == 0 {
+    if chunk == 0 && me.lane == 0 {
         let at = p.lse.offset(row.batch, row.head, row.token);
         *(p.lse.ptr as *mut f32).add(at as usize) = lse_out;
     }
