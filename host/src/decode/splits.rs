@@ -8,14 +8,15 @@ const MIN_KEYS_PER_SPLIT: usize = 256;
 
 /// The automatic number of key splits for `blocks` (batch × KV heads × query-row tiles)
 /// blocks over at most `max_keys` keys on a GPU that holds `resident` decode blocks at once
-/// (SMs × blocks per SM): 1 when the blocks already fill half of it, else enough splits to
-/// fill it once, each split holding at least 256 keys, at most 128 splits.
+/// (SMs × blocks per SM): 1 when the blocks already fill half of it, else as many splits as
+/// fit in one wave (rounded down: a second, mostly idle wave costs more than a few idle
+/// slots), each split holding at least 256 keys, at most 128 splits.
 pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize) -> usize {
     let blocks = blocks.max(1);
     if 2 * blocks >= resident {
         return 1;
     }
-    let wanted = resident.div_ceil(blocks);
+    let wanted = resident / blocks;
     let most = (max_keys / MIN_KEYS_PER_SPLIT).max(1);
     wanted.min(most).clamp(1, MAX_DECODE_SPLITS)
 }
@@ -30,8 +31,10 @@ mod tests {
         assert_eq!(decode_splits(264, 512, 32 * 1024), 1);
         // B = 1, Hkv = 8, 32K keys: 264 / 8 = 33 splits of ~1K keys.
         assert_eq!(decode_splits(264, 8, 32 * 1024), 33);
-        // One block per SM: half as many.
-        assert_eq!(decode_splits(132, 8, 32 * 1024), 17);
+        // One block per SM: 132 / 8 = 16 (rounded down: 17 would need a second wave).
+        assert_eq!(decode_splits(132, 8, 32 * 1024), 16);
+        assert_eq!(decode_splits(132, 64, 32 * 1024), 2);
+        assert_eq!(decode_splits(132, 66, 32 * 1024), 1);
         // B = 1, Hkv = 1, 128K keys: capped at 128.
         assert_eq!(decode_splits(264, 1, 128 * 1024), 128);
         // Short caches are not split below 256 keys per split.
@@ -40,6 +43,6 @@ mod tests {
         assert_eq!(decode_splits(264, 0, 0), 1);
         // Blocks filling half the GPU are not split.
         assert_eq!(decode_splits(264, 132, 1 << 20), 1);
-        assert_eq!(decode_splits(264, 131, 1 << 20), 3);
+        assert_eq!(decode_splits(264, 131, 1 << 20), 2);
     }
 }
