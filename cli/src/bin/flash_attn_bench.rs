@@ -258,6 +258,9 @@ struct Args {
     /// Only this batch size (decode rows)
     #[arg(long, value_name = "B")]
     batch: Option<usize>,
+    /// Decode rows: this many key splits instead of the automatic choice
+    #[arg(long, value_name = "S")]
+    splits: Option<usize>,
     /// Only this sequence length (the context, for decode rows)
     #[arg(long, value_name = "N")]
     n: Option<usize>,
@@ -323,10 +326,11 @@ fn main() {
     let device = dev.name().unwrap_or_default();
     let date = std::env::var("BENCH_DATE").unwrap_or_default();
     if args.op == "decode" {
-        let rows = bench_decode(&dev, reps, quick, args.n, args.batch).unwrap_or_else(|e| {
-            eprintln!("flash-attn-bench: error: {e}");
-            std::process::exit(1);
-        });
+        let rows =
+            bench_decode(&dev, reps, quick, args.n, args.batch, args.splits).unwrap_or_else(|e| {
+                eprintln!("flash-attn-bench: error: {e}");
+                std::process::exit(1);
+            });
         let rows: Vec<serde_json::Value> = rows
             .into_iter()
             .map(|mut r| {
@@ -383,6 +387,7 @@ fn bench_decode(
     quick: bool,
     only_n: Option<usize>,
     only_b: Option<usize>,
+    forced_splits: Option<usize>,
 ) -> Result<Vec<serde_json::Value>> {
     let (hq, d) = (32usize, 128usize);
     let contexts: &[usize] = if quick {
@@ -411,7 +416,10 @@ fn bench_decode(
                 let mut o = DeviceTensor::<bf16>::zeros(dev, &[b, 1, hq, d])?;
                 let mut lse = DeviceTensor::<f32>::zeros(dev, &[b, hq, 1])?;
                 let lens = DeviceTensor::from_host(dev, &[b], &vec![n as i32; b])?;
-                let splits = auto_decode_splits::<bf16>(dev, d, [b, hq, hkv, 1], n)?;
+                let splits = match forced_splits {
+                    Some(s) => s,
+                    None => auto_decode_splits::<bf16>(dev, d, [b, hq, hkv, 1], n)?,
+                };
                 for page in [0usize, 16, 256] {
                     // Paged: the same bytes as pages in a shuffled order.
                     let pages = b * n / page.max(1);
@@ -468,7 +476,9 @@ fn bench_decode(
                                 },
                                 None,
                                 &AttnParams::default(),
-                                &DecodeOptions::default(),
+                                &DecodeOptions {
+                                    num_splits: forced_splits,
+                                },
                                 &mut o,
                                 &mut lse,
                             )

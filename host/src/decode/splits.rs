@@ -1,16 +1,20 @@
 //! How many key splits a decode call uses.
 
-use flash_attn_kernels::config::MAX_DECODE_SPLITS;
-
 /// Fewest keys per split the automatic choice accepts: below this, the partial results and
 /// the combine cost more than the parallelism gains.
-const MIN_KEYS_PER_SPLIT: usize = 256;
+const MIN_KEYS_PER_SPLIT: usize = 512;
+
+/// Most splits the automatic choice takes (callers may ask for up to
+/// [`flash_attn_kernels::config::MAX_DECODE_SPLITS`]). Measured on the H100, B = 1, Hkv = 1:
+/// at 128K keys 64 splits took 57 µs against 73 µs for 128; at 32K, 32–64 splits 35–37 µs
+/// against 51 µs for 128 (docs/perf-notes.md, decode v4).
+const AUTO_MAX_SPLITS: usize = 64;
 
 /// The automatic number of key splits for `blocks` (batch × KV heads × query-row tiles)
 /// blocks over at most `max_keys` keys on a GPU that holds `resident` decode blocks at once
 /// (SMs × blocks per SM): 1 when the blocks already fill half of it, else as many splits as
 /// fit in one wave (rounded down: a second, mostly idle wave costs more than a few idle
-/// slots), each split holding at least 256 keys, at most 128 splits.
+/// slots), each split holding at least 512 keys, at most 64 splits.
 pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize) -> usize {
     let blocks = blocks.max(1);
     if 2 * blocks >= resident {
@@ -18,7 +22,7 @@ pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize) -> usize {
     }
     let wanted = resident / blocks;
     let most = (max_keys / MIN_KEYS_PER_SPLIT).max(1);
-    wanted.min(most).clamp(1, MAX_DECODE_SPLITS)
+    wanted.min(most).clamp(1, AUTO_MAX_SPLITS)
 }
 
 #[cfg(test)]
@@ -31,14 +35,17 @@ mod tests {
         assert_eq!(decode_splits(264, 512, 32 * 1024), 1);
         // B = 1, Hkv = 8, 32K keys: 264 / 8 = 33 splits of ~1K keys.
         assert_eq!(decode_splits(264, 8, 32 * 1024), 33);
+        // B = 1, Hkv = 1, 8K keys: at least 512 keys per split.
+        assert_eq!(decode_splits(132, 1, 8 * 1024), 16);
         // One block per SM: 132 / 8 = 16 (rounded down: 17 would need a second wave).
         assert_eq!(decode_splits(132, 8, 32 * 1024), 16);
         assert_eq!(decode_splits(132, 64, 32 * 1024), 2);
         assert_eq!(decode_splits(132, 66, 32 * 1024), 1);
-        // B = 1, Hkv = 1, 128K keys: capped at 128.
-        assert_eq!(decode_splits(264, 1, 128 * 1024), 128);
-        // Short caches are not split below 256 keys per split.
-        assert_eq!(decode_splits(264, 1, 1000), 3);
+        // B = 1, Hkv = 1, 128K keys: capped at 64.
+        assert_eq!(decode_splits(264, 1, 128 * 1024), 64);
+        // Short caches are not split below 512 keys per split.
+        assert_eq!(decode_splits(264, 1, 1000), 1);
+        assert_eq!(decode_splits(264, 1, 1024), 2);
         assert_eq!(decode_splits(264, 1, 100), 1);
         assert_eq!(decode_splits(264, 0, 0), 1);
         // Blocks filling half the GPU are not split.
