@@ -177,14 +177,16 @@ pub fn flash_attn_backward_into<T: Element>(
     let (b, nq, hq) = (shape.batch, shape.seqlen_q, shape.heads_q);
     let delta = DeviceTensor::<f32>::uninit(dev, &[b, hq, nq])?;
     let key_tiles = shape.seqlen_k.div_ceil(tile.block_n);
-    let one_accum = b * nq * hq * padded_d;
+    // Whole query tiles and the compiled head dim: the main kernel's adds are unchecked.
+    let (accum_rows, accum_d) = (nq.div_ceil(tile.block_m) * tile.block_m, tile.head_dim);
+    let one_accum = b * accum_rows * hq * accum_d;
     let splits = match mode {
         BwdMode::Fast => 1,
         BwdMode::Deterministic => {
             deterministic_splits(dev.sm_count(), b * shape.heads_kv, key_tiles, one_accum * 4)
         }
     };
-    let dq_accum = DeviceTensor::<f32>::zeros(dev, &[splits, b, nq, hq, padded_d])?;
+    let dq_accum = DeviceTensor::<f32>::zeros(dev, &[splits, b, accum_rows, hq, accum_d])?;
     let accum_strides = dq_accum.strides();
     let p = BwdParams {
         q: operand(dev, q, &packed[0]),

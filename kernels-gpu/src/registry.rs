@@ -519,7 +519,7 @@ registry! {
         32 Causal [flash_bwd_f16_d32, flash_bwd_bf16_d32] [(8, 1, 64), (8, 1, 64)];
         64 Causal [flash_bwd_f16_d64, flash_bwd_bf16_d64] [(8, 1, 64), (8, 1, 128)];
         96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 1, 32), (4, 1, 32)];
-        128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 1, 32), (8, 1, 32)];
+        128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 1, 32), (8, 1, 64)];
         256 Causal [flash_bwd_f16_d256, flash_bwd_bf16_d256] [(2, 2, 32), (4, 2, 32)];
     }
     bwd_passes {

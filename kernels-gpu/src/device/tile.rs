@@ -284,13 +284,17 @@ impl LaneOffsets {
         }
     }
 
-    /// The same offsets, opaque to the optimiser (see [`ptx::opaque_u32`]).
+    /// The same offsets, opaque to the optimiser (see [`ptx::opaque_u32`]), the row and
+    /// parity too: offsets derived from them are recomputed per step, not kept in registers.
     #[inline(always)]
     pub unsafe fn step_local(self) -> Self {
         Self {
             a: self.a.map(|x| ptx::opaque_u32(x)),
             b: self.b.map(|x| ptx::opaque_u32(x)),
-            ..self
+            b_row: ptx::opaque_u32(self.b_row),
+            b_parity: ptx::opaque_u32(self.b_parity),
+            a_row: ptx::opaque_u32(self.a_row),
+            a_parity: ptx::opaque_u32(self.a_parity),
         }
     }
 

@@ -6,9 +6,11 @@ use super::{MaskArgs, RowStatsRef, SeqDims, TensorRef};
 ///
 /// Q, O, dO and dQ are `[batch, seqlen_q, heads_q, head_dim]`; K, V, dK and dV are
 /// `[batch, seqlen_k, heads_kv, head_dim]`, all 16-bit. LSE and D (= rowsum(dO ∘ O)) are f32
-/// `[batch, heads_q, seqlen_q]`. `dq_accum` is `dq_splits` f32 `[batch, seqlen_q, heads_q,
-/// head_dim]` accumulators, `dq_split_stride` elements apart (strides in f32 elements), that
-/// must be zero before the main kernel: block `x` of the main kernel adds into accumulator
+/// `[batch, heads_q, seqlen_q]`. `dq_accum` is `dq_splits` f32 `[batch, seqlen_q_padded,
+/// heads_q, kernel_head_dim]` accumulators, `dq_split_stride` elements apart (strides in f32
+/// elements), with `seqlen_q` rounded up to whole query tiles (`BwdTile::block_m`) and the
+/// head dim the kernel's compiled one (`BwdTile::head_dim`): the main kernel adds whole tiles
+/// without bounds checks. They must be zero before the main kernel: block `x` of the main kernel adds into accumulator
 /// `x` (all into the first when the stride is 0), and the conversion sums them in order.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -151,23 +151,8 @@ unsafe fn key_tile<
 ) {
     let me = ThreadPos::current();
     let dims = &p.dims;
-    let key_warps = BN / MMA_M;
     let key0 = n * BN as u32;
-    // The warp's keys, and its slice of dK/dV columns (in column pairs).
-    let warp_k0 = (me.warp as usize % key_warps) * MMA_M;
-    let dkv_pair0 = if D_SPLIT == 1 {
-        0
-    } else {
-        (me.warp as usize / key_warps) * DKV_TILES / 2
-    };
-    // The warp's dQ rows and column slice.
-    let row_groups = BM / MMA_M;
-    let dq_r0 = (me.warp as usize % row_groups) * MMA_M;
-    let dq_pair0 = if WARPS == row_groups {
-        0
-    } else {
-        (me.warp as usize / row_groups) * DQ_COL_TILES / 2
-    };
+    let roles = |warp: u32| WarpRoles::of(warp as usize, (BN, BM, WARPS), DKV_TILES, DQ_COL_TILES);
     let smem = BwdSmem::<BN, BM, PITCH>::at(ptx::dyn_smem_base());
     let kv_block = block_for(p, batch, kv_head, kv_head * (dims.heads_q / dims.heads_kv));
     let k_src = (p.k.ptr as *const u16).add(kv_block.key_offset(&p.k, key0) as usize);
@@ -205,22 +190,29 @@ unsafe fn key_tile<
         let step_lanes = lanes.step_local();
         // Opaque per step: positions derived from it (dSᵀ store addresses, dQ rows) are
         // recomputed each step rather than hoisted out of the loop into registers.
-        let pos_s = FragPos::of(ptx::opaque_u32(me.lane));
+        // The warp's roles too: from the opaque thread index rather than kept in registers.
+        let tid_s = ptx::opaque_u32(me.tid);
+        let pos_s = FragPos::of(tid_s % 32);
+        let WarpRoles {
+            warp_k0,
+            dkv_pair0,
+            dq_r0,
+            dq_pair0,
+        } = roles(tid_s / 32);
         let warp_keys = |tile| SmemRows { tile, m0: warp_k0 };
         // Sᵀ = Kⱼ·Qᵢᵀ, then Pᵀ (masked before the exponential).
         let mut pt = AccTile::<1, Q_TILES>::zero();
         mma_abt::<E, 1, Q_TILES, K_STEPS, BM, PITCH>(&mut pt, &warp_keys(smem.k), q, &step_lanes);
-        let masked = mask.tile_needs_mask(row0, BM as u32, n, BN as u32);
-        pt.for_each_mut(|_, r, nt, c, x| {
-            let (key, col) = (key0 + (warp_k0 as u32) + pos_s.row(0, r), pos_s.col(nt, c));
-            let keep = !masked || mask.visible(row0 + col, key);
-            let lse2 = smem.lse2(buf, col);
-            *x = if keep {
-                ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, p.scale_log2, -lse2))
-            } else {
-                0.0
-            };
-        });
+        // Pᵀ; scores the mask hides are zeroed afterwards, only in tiles that cross its edge.
+        smem.probabilities(&mut pt, buf, pos_s, p.scale_log2);
+        if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
+            let key_base = key0 + warp_k0 as u32;
+            pt.for_each_mut(|_, r, nt, c, x| {
+                if !mask.visible(row0 + pos_s.col(nt, c), key_base + pos_s.row(0, r)) {
+                    *x = 0.0;
+                }
+            });
+        }
         // Pᵀ in 16 bits from here on: it is the `mma` operand, and keeping it packed frees
         // registers for dPᵀ (dS = P ∘ (dP − D) uses the rounded P).
         let pt = PackedTile::pack::<E>(&pt);
@@ -262,6 +254,8 @@ unsafe fn key_tile<
             lanes: ds_lanes.step_local(),
         };
         let (k_cols, dq_lanes) = smem.k.kn_slice(&step_lanes, dq_pair0, DQ_COL_TILES / 2);
+        // The accumulator is padded to whole query tiles and the compiled head dim (see
+        // `BwdParams::dq_accum`): the adds need no bounds checks.
         let dq_row0 = row0 + dq_r0 as u32;
         for chunk in 0..DQ_COL_TILES / DQ_TILES {
             let mut dq = AccTile::<1, DQ_TILES>::zero();
@@ -270,18 +264,13 @@ unsafe fn key_tile<
                 &mut dq, &ds_rows, k_cols, &dq_lanes, np0,
             );
             for r in 0..2 {
-                let row = dq_row0 + pos_s.row(0, r);
-                if row >= dims.seqlen_q {
-                    continue;
-                }
-                let row_at = block.query_offset(&p.dq_accum, row);
+                let row_at = block.query_offset(&p.dq_accum, dq_row0 + pos_s.row(0, r));
+                let row_at = dq_accum.add(row_at as usize);
                 for dt in 0..DQ_TILES {
                     let col = 16 * dq_pair0 as u32 + pos_s.col(chunk * DQ_TILES + dt, 0);
-                    if col < dims.head_dim {
-                        let [x0, x1] = dq.pair(0, r, dt);
-                        let at = dq_accum.add((row_at + col as u64) as usize);
-                        ptx::red_global_add_f32x2(at, x0 * p.scale, x1 * p.scale);
-                    }
+                    let [x0, x1] = dq.pair(0, r, dt);
+                    let at = row_at.add(col as usize);
+                    ptx::red_global_add_f32x2(at, x0 * p.scale, x1 * p.scale);
                 }
             }
         }
@@ -289,6 +278,9 @@ unsafe fn key_tile<
         buf ^= 1;
     }
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
+    let WarpRoles {
+        warp_k0, dkv_pair0, ..
+    } = roles(me.warp);
     for r in 0..2 {
         let key = key0 + warp_k0 as u32 + pos.row(0, r);
         if key >= dims.seqlen_k {
@@ -304,6 +296,42 @@ unsafe fn key_tile<
                 *(dk_dst.add(col as usize) as *mut u32) = E::pack(k0 * p.scale, k1 * p.scale);
                 *(dv_dst.add(col as usize) as *mut u32) = E::pack(v0, v1);
             }
+        }
+    }
+}
+
+/// What one warp of the block owns: its 16 keys (from `warp_k0`) and slice of dK/dV columns
+/// (column pairs from `dkv_pair0`), and its 16 dQ rows (from `dq_r0`) and dQ column slice
+/// (column pairs from `dq_pair0`); see the module docs.
+#[derive(Clone, Copy)]
+struct WarpRoles {
+    warp_k0: usize,
+    dkv_pair0: usize,
+    dq_r0: usize,
+    dq_pair0: usize,
+}
+
+impl WarpRoles {
+    /// The roles of warp `warp` in a block of `(BN, BM, WARPS)`, with `dkv_tiles` and
+    /// `dq_col_tiles` 8-column tiles of dK/dV and of dQ per warp.
+    #[inline(always)]
+    fn of(
+        warp: usize,
+        block: (usize, usize, usize),
+        dkv_tiles: usize,
+        dq_col_tiles: usize,
+    ) -> Self {
+        let (bn, bm, warps) = block;
+        let (key_warps, row_groups) = (bn / MMA_M, bm / MMA_M);
+        Self {
+            warp_k0: (warp % key_warps) * MMA_M,
+            dkv_pair0: (warp / key_warps) * dkv_tiles / 2,
+            dq_r0: (warp % row_groups) * MMA_M,
+            dq_pair0: if warps == row_groups {
+                0
+            } else {
+                (warp / row_groups) * dq_col_tiles / 2
+            },
         }
     }
 }
@@ -407,6 +435,23 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
     #[inline(always)]
     unsafe fn lse2(&self, buf: u32, col: u32) -> f32 {
         ptx::ld_shared_f32(self.stat_addr(buf, col))
+    }
+
+    /// `Pᵀ = 2^(c·Sᵀ − LSE·log2 e)` in place for a warp's keys and the query tile in buffer
+    /// `buf`, with no mask (the caller zeroes hidden scores; rows past the sequence need
+    /// nothing: their LSE slot is +∞).
+    #[inline(always)]
+    unsafe fn probabilities<const Q_TILES: usize>(
+        &self,
+        pt: &mut AccTile<1, Q_TILES>,
+        buf: u32,
+        pos: FragPos,
+        scale_log2: f32,
+    ) {
+        pt.for_each_mut(|_, _, nt, c, x| {
+            let lse2 = self.lse2(buf, pos.col(nt, c));
+            *x = ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, scale_log2, -lse2));
+        });
     }
 
     /// D of query `col` of buffer `buf`.
