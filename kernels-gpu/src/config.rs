@@ -75,18 +75,23 @@ pub struct BwdTile {
     pub warps: usize,
     /// Warps sharing each 16 keys (each owns a slice of dK's and dV's columns).
     pub d_split: usize,
+    /// dQ of each query tile goes through shared memory (`[block_m][head_dim + 8]` f32) and
+    /// into the accumulator by the bulk copy engine, one reduction per row (sm_90), instead
+    /// of by atomic adds from registers.
+    pub staged_dq: bool,
 }
 
 impl BwdTile {
-    /// The tile for `head_dim` from the registry's `(key_warps, d_split, block_m)`.
-    pub const fn new(head_dim: usize, shape: (usize, usize, usize)) -> Self {
-        let (key_warps, d_split, block_m) = shape;
+    /// The tile for `head_dim` from the registry's `(key_warps, d_split, block_m, staged_dq)`.
+    pub const fn new(head_dim: usize, shape: (usize, usize, usize, bool)) -> Self {
+        let (key_warps, d_split, block_m, staged_dq) = shape;
         Self {
             head_dim,
             block_n: key_warps * MMA_M,
             block_m,
             warps: key_warps * d_split,
             d_split,
+            staged_dq,
         }
     }
 
@@ -151,12 +156,26 @@ impl BwdTile {
 
     /// Dynamic shared memory in bytes: K and V `[block_n][pitch]`, two buffers of Q and dO
     /// `[block_m][pitch]` (the next query tile loads while this one is computed), dSᵀ
-    /// `[block_n][block_m]` (16-bit), then two buffers of LSE and D (`block_m` f32 each).
+    /// `[block_n][block_m]` (16-bit), two buffers of LSE and D (`block_m` f32 each), then
+    /// with `staged_dq` the dQ stage `[block_m][dq_stage_pitch]` f32.
     pub const fn smem_bytes(&self) -> usize {
+        let stage = if self.staged_dq {
+            self.block_m * self.dq_stage_pitch() * 4
+        } else {
+            0
+        };
         2 * (2 * self.block_n * self.smem_pitch()
             + 4 * self.block_m * self.smem_pitch()
             + self.block_n * self.block_m)
             + 2 * 2 * 4 * self.block_m
+            + stage
+    }
+
+    /// f32 elements per row of the dQ stage: the head dim plus 8, so that the eight rows one
+    /// `st.shared.v2` of a warp touches fall on distinct banks (16-byte aligned rows, as the
+    /// bulk engine needs).
+    pub const fn dq_stage_pitch(&self) -> usize {
+        self.head_dim + 8
     }
 }
 

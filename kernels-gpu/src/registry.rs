@@ -349,6 +349,7 @@ macro_rules! bwd_entry {
                 { T.dq_cols() / 8 },
                 { T.dq_tiles() },
                 { T.dp_tiles() },
+                { T.staged_dq },
             >(&p)
         }
     };
@@ -456,10 +457,10 @@ const fn tiles_of(
     ))
 }
 
-/// The registry's per-target `(key_warps, d_split, block_m)` as backward tiles.
+/// The registry's per-target `(key_warps, d_split, block_m, staged_dq)` as backward tiles.
 const fn bwd_tiles_of(
     head_dim: usize,
-    shapes: [(usize, usize, usize); ARCH_COUNT],
+    shapes: [(usize, usize, usize, bool); ARCH_COUNT],
 ) -> [BwdTile; ARCH_COUNT] {
     per_arch!(shapes, BwdTile::new(head_dim, shapes[0]), |s| BwdTile::new(
         head_dim, s
@@ -515,12 +516,14 @@ registry! {
         128 Causal [flash_fwd_f16_d128, flash_fwd_bf16_d128] [(4, 2, 32, false), (4, 2, 64, false)];
         256 Causal [flash_fwd_f16_d256, flash_fwd_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
+    // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
+    // through shared memory and the bulk copy engine where the target has one (sm_90a).
     bwd {
-        32 Causal [flash_bwd_f16_d32, flash_bwd_bf16_d32] [(8, 1, 64), (8, 1, 64)];
-        64 Causal [flash_bwd_f16_d64, flash_bwd_bf16_d64] [(8, 1, 64), (8, 1, 128)];
-        96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 1, 32), (4, 1, 32)];
-        128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 1, 32), (8, 1, 64)];
-        256 Causal [flash_bwd_f16_d256, flash_bwd_bf16_d256] [(2, 2, 32), (4, 2, 32)];
+        32 Causal [flash_bwd_f16_d32, flash_bwd_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Causal [flash_bwd_f16_d64, flash_bwd_bf16_d64] [(8, 1, 64, false), (8, 1, 128, true)];
+        96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 1, 32, false), (8, 1, 64, false)];
+        256 Causal [flash_bwd_f16_d256, flash_bwd_bf16_d256] [(2, 2, 32, false), (4, 2, 32, true)];
     }
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];

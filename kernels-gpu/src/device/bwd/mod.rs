@@ -12,28 +12,36 @@
 //! start loading query tile 0: Q, dO, LSE, D     cp.async into buffer 0
 //! for each query tile i (every query head of the group) that sees tile j:
 //!     wait for tile i; bar.sync                 (A) tile i visible; tile i−1 finished
+//!     [staged dQ: start the bulk add of i−1]    one row per thread, shared → accumulator
 //!     start loading tile i+1                    cp.async into the other buffer
 //!     Sᵀ = Kⱼ·Qᵢᵀ                               mma.sync, f32; per warp 16 keys × BM queries
-//!     Pᵀ = 2^(c·Sᵀ − LSE·log2 e)                masked scores are 0 before the exponential
+//!     Pᵀ = 2^(c·Sᵀ − LSE·log2 e)                hidden scores zeroed, only in tiles that
+//!                                               cross the mask's edge
 //!     dVⱼ += Pᵀ·dOᵢ                             Pᵀ straight from registers
 //!     dPᵀ = Vⱼ·dOᵢᵀ;  dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢ)
 //!     dKⱼ += dSᵀ·Qᵢ                             dSᵀ straight from registers
-//!     dSᵀ → shared; bar.sync                    (B)
-//!     dQᵢ += scale·dS·Kⱼ                        16 query rows × a column slice per warp;
-//!                                               f32 atomic adds into the block's accumulator
+//!     dSᵀ → shared; [staged: wait]; bar.sync    (B) dSᵀ complete, the dQ stage free
+//!     dQᵢ += scale·dS·Kⱼ                        16 query rows × a column slice per warp:
+//!                                               f32 atomic adds into the block's accumulator,
+//!                                               or (staged dQ, sm_90) into the stage
+//! [staged: bar.sync, bulk add of the last tile, wait]
 //! write scale·dKⱼ and dVⱼ
 //! ```
 //!
 //! Blocks take key tiles `blockIdx.x`, `+ gridDim.x`, …: in fast mode one each, all adding
 //! into one dQ accumulator; in deterministic mode each block adds into its own accumulator
 //! (`BwdParams::dq_split_stride`), each dQ element always from the same thread in the same
-//! order, and the conversion kernel sums the accumulators in a fixed order.
+//! order (a staged row's bulk add completes before the same thread starts the next one), and
+//! the conversion kernel sums the accumulators in a fixed order.
 //!
 //! Shared memory (see [`crate::config::BwdTile::smem_bytes`]): K, V `[BN][PITCH]`, two
 //! buffers of Q, dO `[BM][PITCH]`, dSᵀ `[BN][BM]` (all swizzled, 16-bit), two buffers of LSE
-//! and D `[BM]` f32. Registers per thread: dK and dV `D/(2·D_SPLIT)` f32 each, Sᵀ/Pᵀ and
+//! and D `[BM]` f32, and with `STAGED_DQ` the dQ stage `[BM][D + 8]` f32 (its first row's
+//! padding records which query tile it holds). Registers per thread: dK and dV `D/(2·D_SPLIT)` f32 each, Sᵀ/Pᵀ and
 //! dPᵀ/dSᵀ `BM/2` f32 each, a dQ slice of `DQ_TILES·4` f32.
-//! Sync points: two `bar.sync` per query tile, (A) and (B) above; one between key tiles.
+//! Sync points: two `bar.sync` per query tile, (A) and (B) above; one between key tiles, and
+//! with `STAGED_DQ` one more at the end of each key tile. The stage's writers fence it for the
+//! bulk engine (`fence.proxy.async`) before the barrier that precedes its bulk add.
 
 mod passes;
 
@@ -59,7 +67,8 @@ pub(super) const LOG2_E: f32 = core::f32::consts::LOG2_E;
 /// `Q_TILES = BM/8`, `KEY_STEPS = BN/16`, `DQ_COL_TILES` (a warp's dQ columns in 8-column
 /// tiles) and `DQ_TILES`, the 8-column tiles of dQ computed at a time (fewer than
 /// `DQ_COL_TILES` keeps registers for large head dims), and `DP_TILES`, the 8-query column
-/// tiles of dPᵀ/dSᵀ computed at a time. All are passed by the registry from
+/// tiles of dPᵀ/dSᵀ computed at a time, and `STAGED_DQ` (dQ through the shared stage and the
+/// bulk engine; sm_90 only). All are passed by the registry from
 /// one [`crate::config::BwdTile`] and checked here.
 ///
 /// # Safety
@@ -84,6 +93,7 @@ pub unsafe fn flash_bwd<
     const DQ_COL_TILES: usize,
     const DQ_TILES: usize,
     const DP_TILES: usize,
+    const STAGED_DQ: bool,
 >(
     p: &BwdParams,
 ) {
@@ -97,7 +107,6 @@ pub unsafe fn flash_bwd<
     };
     let (split, kv_head, batch) = ptx::ctaid();
     let tiles = p.dims.seqlen_k.div_ceil(BN as u32);
-    let dq_accum = (p.dq_accum.ptr as *mut f32).add((split as u64 * p.dq_split_stride) as usize);
     let mut n = split;
     while n < tiles {
         if n != split {
@@ -119,7 +128,8 @@ pub unsafe fn flash_bwd<
             DQ_COL_TILES,
             DQ_TILES,
             DP_TILES,
-        >(p, n, kv_head, batch, dq_accum);
+            STAGED_DQ,
+        >(p, n, kv_head, batch);
         n += ptx::nctaid_x();
     }
 }
@@ -142,12 +152,12 @@ unsafe fn key_tile<
     const DQ_COL_TILES: usize,
     const DQ_TILES: usize,
     const DP_TILES: usize,
+    const STAGED_DQ: bool,
 >(
     p: &BwdParams,
     n: u32,
     kv_head: u32,
     batch: u32,
-    dq_accum: *mut f32,
 ) {
     let me = ThreadPos::current();
     let dims = &p.dims;
@@ -173,13 +183,19 @@ unsafe fn key_tile<
     let mut dk = AccTile::<1, DKV_TILES>::zero(); // the warp's 16 keys × its dK columns
     let mut dv = AccTile::<1, DKV_TILES>::zero();
     let mut buf = 0;
+    if STAGED_DQ && me.tid == 0 {
+        smem.set_staged_tile::<D>(None); // published by barrier (A)
+    }
     while let Some((head, i)) = cur {
         let block = block_for(p, batch, kv_head, head);
         let row0 = i * BM as u32;
         ptx::cp_async_wait_group::<0>();
         smem.finish_stats(buf, row0, dims.seqlen_q, me.tid);
         ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
-                         // `next` is looked up again at the end rather than kept live through the step.
+        if STAGED_DQ {
+            smem.flush_dq::<D>(p, batch, kv_head, me.tid);
+        }
+        // `next` is looked up again at the end rather than kept live through the step.
         if let Some((h, i)) = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n) {
             let next_block = block_for(p, batch, kv_head, h);
             smem.load_query_tile::<D, WARPS>(p, &next_block, i, buf ^ 1, me.tid);
@@ -246,7 +262,10 @@ unsafe fn key_tile<
                 }
             }
         }
-        ptx::bar_sync(); // (B) dSᵀ complete
+        if STAGED_DQ {
+            ptx::cp_async_bulk_wait_group::<0>(); // the stage's last flush is done
+        }
+        ptx::bar_sync(); // (B) dSᵀ complete; the dQ stage free
                          // dQᵢ (the warp's 16 rows, its column slice) += scale·dS·Kⱼ, `DQ_TILES` at a time.
         let ds_rows = SmemCols {
             tile: smem.ds,
@@ -256,7 +275,6 @@ unsafe fn key_tile<
         let (k_cols, dq_lanes) = smem.k.kn_slice(&step_lanes, dq_pair0, DQ_COL_TILES / 2);
         // The accumulator is padded to whole query tiles and the compiled head dim (see
         // `BwdParams::dq_accum`): the adds need no bounds checks.
-        let dq_row0 = row0 + dq_r0 as u32;
         for chunk in 0..DQ_COL_TILES / DQ_TILES {
             let mut dq = AccTile::<1, DQ_TILES>::zero();
             let np0 = chunk * DQ_TILES / 2;
@@ -264,20 +282,36 @@ unsafe fn key_tile<
                 &mut dq, &ds_rows, k_cols, &dq_lanes, np0,
             );
             for r in 0..2 {
-                let row_at = block.query_offset(&p.dq_accum, dq_row0 + pos_s.row(0, r));
-                let row_at = dq_accum.add(row_at as usize);
+                let row = dq_r0 as u32 + pos_s.row(0, r);
+                let row_at = block.query_offset(&p.dq_accum, row0 + row);
+                let row_at = block_dq_accum(p).add(row_at as usize);
                 for dt in 0..DQ_TILES {
                     let col = 16 * dq_pair0 as u32 + pos_s.col(chunk * DQ_TILES + dt, 0);
                     let [x0, x1] = dq.pair(0, r, dt);
-                    let at = row_at.add(col as usize);
-                    ptx::red_global_add_f32x2(at, x0 * p.scale, x1 * p.scale);
+                    let (x0, x1) = (x0 * p.scale, x1 * p.scale);
+                    if STAGED_DQ {
+                        ptx::st_shared_v2_f32(smem.dq_stage_addr::<D>(row, col), x0, x1);
+                    } else {
+                        ptx::red_global_add_f32x2(row_at.add(col as usize), x0, x1);
+                    }
                 }
+            }
+        }
+        if STAGED_DQ {
+            ptx::fence_proxy_async_shared_cta(); // the stage, for the bulk engine
+            if me.tid == 0 {
+                smem.set_staged_tile::<D>(Some((head, i)));
             }
         }
         cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);
         buf ^= 1;
     }
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
+    if STAGED_DQ {
+        ptx::bar_sync(); // every warp's part of the last tile's dQ is staged
+        smem.flush_dq::<D>(p, batch, kv_head, me.tid);
+        ptx::cp_async_bulk_wait_group::<0>(); // before the stage is reused or the block ends
+    }
     let WarpRoles {
         warp_k0, dkv_pair0, ..
     } = roles(me.warp);
@@ -298,6 +332,14 @@ unsafe fn key_tile<
             }
         }
     }
+}
+
+/// The dQ accumulator this block adds into: `blockIdx.x`'s in deterministic mode, else the
+/// only one (recomputed where used rather than kept in registers through the loops).
+#[inline(always)]
+unsafe fn block_dq_accum(p: &BwdParams) -> *mut f32 {
+    let split = ptx::ctaid().0;
+    (p.dq_accum.ptr as *mut f32).add((split as u64 * p.dq_split_stride) as usize)
 }
 
 /// What one warp of the block owns: its 16 keys (from `warp_k0`) and slice of dK/dV columns
@@ -392,6 +434,8 @@ struct BwdSmem<const BN: usize, const BM: usize, const PITCH: usize> {
     ds: SmemTile<BN, BM>,
     /// Two buffers of `BM` f32 LSE·log2 e then `BM` f32 D.
     stats: u32,
+    /// The dQ stage `[BM][D + 8]` f32 (tiles with `staged_dq` only).
+    dq_stage: u32,
 }
 
 impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH> {
@@ -409,6 +453,7 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
             q_do,
             ds: SmemTile::at(ds),
             stats: ds + SmemTile::<BN, BM>::BYTES,
+            dq_stage: ds + SmemTile::<BN, BM>::BYTES + 2 * Self::STATS,
         }
     }
 
@@ -452,6 +497,41 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
             let lse2 = self.lse2(buf, pos.col(nt, c));
             *x = ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, scale_log2, -lse2));
         });
+    }
+
+    /// Shared address of dQ element (`row`, `col`) of the stage (`D + 8` f32 per row: see
+    /// [`crate::config::BwdTile::dq_stage_pitch`]).
+    #[inline(always)]
+    fn dq_stage_addr<const D: usize>(&self, row: u32, col: u32) -> u32 {
+        self.dq_stage + 4 * (row * (D as u32 + 8) + col)
+    }
+
+    /// Records which query tile `(head, i)` the stage holds (`None`: none) in the padding of
+    /// the stage's first row (kept there, not in registers, through the loop).
+    #[inline(always)]
+    unsafe fn set_staged_tile<const D: usize>(&self, tile: Option<(u32, u32)>) {
+        let (head, i) = tile.unwrap_or((0, u32::MAX));
+        ptx::st_shared_u32(self.dq_stage_addr::<D>(0, D as u32), head);
+        ptx::st_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 1), i);
+    }
+
+    /// Starts adding the staged dQ tile, if any, into the accumulator: thread `tid < BM`
+    /// reduces row `tid` (`D` f32) with the bulk engine and commits it as one group. Call
+    /// after a barrier that follows every warp's stage writes and proxy fence.
+    #[inline(always)]
+    unsafe fn flush_dq<const D: usize>(&self, p: &BwdParams, batch: u32, kv_head: u32, tid: u32) {
+        if (tid as usize) < BM {
+            let head = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32));
+            let i = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 1));
+            if i != u32::MAX {
+                let block = block_for(p, batch, kv_head, head);
+                let row = i * BM as u32 + tid;
+                let dst = block_dq_accum(p).add(block.query_offset(&p.dq_accum, row) as usize);
+                let src = self.dq_stage_addr::<D>(tid, 0);
+                ptx::cp_reduce_async_bulk_add_f32(dst, src, 4 * D as u32);
+                ptx::cp_async_bulk_commit_group();
+            }
+        }
     }
 
     /// D of query `col` of buffer `buf`.

@@ -3,6 +3,7 @@
 //! if `asm!` appears anywhere else.
 
 mod atomic;
+mod bulk;
 mod cp_async;
 mod ldmatrix;
 mod math;
@@ -12,6 +13,7 @@ mod smem;
 mod sync;
 
 pub use atomic::*;
+pub use bulk::*;
 pub use cp_async::*;
 pub use ldmatrix::*;
 pub use math::*;

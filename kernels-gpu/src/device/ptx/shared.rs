@@ -60,3 +60,23 @@ pub unsafe fn ld_shared_f32(addr: u32) -> f32 {
     asm!("ld.shared.f32 {v}, [{addr}];", v = out(reg32) v, addr = in(reg32) addr, options(nostack, readonly));
     v
 }
+
+/// `st.shared.v2.f32`: two f32 at an 8-byte aligned shared address.
+///
+/// # Safety
+/// `addr` is an 8-byte aligned shared-memory address inside the block's allocation.
+#[inline(always)]
+pub unsafe fn st_shared_v2_f32(addr: u32, a: f32, b: f32) {
+    asm!("st.shared.v2.f32 [{addr}], {{{a}, {b}}};", addr = in(reg32) addr, a = in(reg32) a, b = in(reg32) b, options(nostack));
+}
+
+/// Loads 4 bytes from shared address `addr`.
+///
+/// # Safety
+/// As [`st_shared_u32`].
+#[inline(always)]
+pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    asm!("ld.shared.u32 {v}, [{addr}];", v = out(reg32) v, addr = in(reg32) addr, options(nostack, readonly));
+    v
+}

@@ -39,13 +39,17 @@ pub unsafe fn nctaid_x() -> u32 {
     v
 }
 
-/// `bar.sync 0`: block-wide barrier; orders shared-memory accesses of the block.
+/// `bar.sync 0`: block-wide barrier; orders shared-memory accesses of the block. Emitted
+/// through LLVM's `llvm.nvvm.barrier0`, which LLVM knows to be convergent: an inline-asm
+/// barrier may be duplicated into both arms of a branch (jump threading), after which the
+/// warps of a block wait at different `bar.sync` instructions (compute-sanitizer's synccheck
+/// reports that, and `bar.sync` is `.aligned`: every thread must execute the same one).
 ///
 /// # Safety
 /// Every thread of the block reaches it (no divergent barriers).
 #[inline(always)]
 pub unsafe fn bar_sync() {
-    asm!("bar.sync 0;", options(nostack));
+    core::arch::nvptx::_syncthreads();
 }
 
 /// `bar.warp.sync 0xffffffff`: warp-wide barrier; orders the shared-memory accesses of the
