@@ -11,7 +11,7 @@ use crate::fwd::validate::{check_dtype, dims, input_shape};
 use crate::launch::launch;
 use crate::params::AttnParams;
 use crate::tensor::DeviceTensor;
-use flash_attn_kernels::config::BWD_AUX_THREADS;
+use flash_attn_kernels::config::{bwd_aux_grid, BWD_AUX_THREADS};
 use flash_attn_kernels::params::{
     BwdParams, MaskArgs, RowStatsRef, SeqDims, Strides, TensorRef, FLAG_CAUSAL,
 };
@@ -235,7 +235,7 @@ pub fn flash_attn_backward_into<T: Element>(
         dq_splits: splits as u32,
         reserved: 0,
     };
-    let aux_blocks = |n: usize| n.div_ceil(BWD_AUX_THREADS).clamp(1, 65_535 * 16) as u32;
+    let aux_grid = bwd_aux_grid(b * nq, hq, padded_d);
     let threads = BWD_AUX_THREADS as u32;
     // SAFETY: every pointer and stride in `p` comes from live tensors whose shapes were checked
     // above; the launches use the registry's grid, block and shared memory.
@@ -243,7 +243,7 @@ pub fn flash_attn_backward_into<T: Element>(
         launch(
             dev,
             BWD_PREP_KERNELS[dtype as usize],
-            (aux_blocks(b * hq * nq), 1, 1),
+            aux_grid,
             threads,
             0,
             p,
@@ -263,9 +263,8 @@ pub fn flash_attn_backward_into<T: Element>(
             tile.smem_bytes(),
             p,
         )?;
-        let pairs = b * nq * hq * padded_d / 2;
         let convert = BWD_CONVERT_KERNELS[dtype as usize];
-        launch(dev, convert, (aux_blocks(pairs), 1, 1), threads, 0, p)?;
+        launch(dev, convert, aux_grid, threads, 0, p)?;
     }
     for (out, packed) in [(&*dq, &dq_packed), (&*dk, &dk_packed), (&*dv, &dv_packed)] {
         if let Some(packed) = packed {

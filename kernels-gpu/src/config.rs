@@ -182,6 +182,28 @@ impl BwdTile {
 /// Threads per block of the backward's pre-pass and dQ conversion kernels.
 pub const BWD_AUX_THREADS: usize = 256;
 
+/// Lanes of the backward's pre-pass and dQ conversion per (token, head) row: one per 8
+/// elements of the (8-aligned) head dim, rounded up to a power of two; at most 32 for head
+/// dims up to 256, so a row never straddles two warps.
+pub const fn bwd_aux_lanes(head_dim: usize) -> usize {
+    head_dim.div_ceil(8).next_power_of_two()
+}
+
+/// Grid of the pre-pass and the conversion: `x` blocks of [`BWD_AUX_THREADS`] over the
+/// `tokens · bwd_aux_lanes(head_dim)` lanes of one head (a grid-stride loop covers the rest),
+/// `y` the query heads.
+pub const fn bwd_aux_grid(tokens: usize, heads: usize, head_dim: usize) -> (u32, u32, u32) {
+    let blocks = (tokens * bwd_aux_lanes(head_dim)).div_ceil(BWD_AUX_THREADS);
+    let blocks = if blocks < 1 {
+        1
+    } else if blocks > 1 << 20 {
+        1 << 20
+    } else {
+        blocks
+    };
+    (blocks as u32, heads as u32, 1)
+}
+
 /// Name of the strided ⇄ packed layout kernel.
 pub const PAD_KERNEL_NAME: &str = "pad_copy_b16";
 

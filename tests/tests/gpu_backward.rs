@@ -98,7 +98,8 @@ fn run_case<T: Element>(
 /// Sizes and options: odd lengths, GQA/MQA, every head dim the GPU backward takes (odd ones
 /// run padded), causal, scales, layouts.
 fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams, Magnitude, Layout)> {
-    let lens = prop::sample::select(&[1usize, 7, 16, 31, 63, 64, 65, 127, 128, 129, 200][..]);
+    let lens =
+        prop::sample::select(&[1usize, 7, 16, 31, 63, 64, 65, 127, 128, 129, 200, 385, 777][..]);
     let heads = prop::sample::select(&[(1usize, 1usize), (2, 1), (4, 2), (3, 3), (8, 1)][..]);
     let dims = prop::sample::select(
         &[
