@@ -1,9 +1,9 @@
 //! The backward's two small kernels: the pre-pass D = rowsum(dO ∘ O) and the conversion of
 //! the f32 dQ accumulators to the output type. Grid `(x, heads_q)` (see
-//! [`crate::config::bwd_aux_grid`]): each (token, head) row is handled by
-//! [`crate::config::bwd_aux_lanes`] lanes of one warp, 8 elements (16-byte loads) per lane,
-//! grid-stride over the tokens. No shared memory, no barriers; the pre-pass sums its lanes
-//! with warp shuffles.
+//! [`crate::config::bwd_aux_grid`]), grid-stride over the tokens of head `blockIdx.y`: the
+//! pre-pass gives each warp 16 tokens and sums with `mma` (see [`bwd_prep`]); the conversion
+//! gives each (token, head) row [`crate::config::bwd_aux_lanes`] lanes of one warp, 8 elements
+//! (16-byte loads and stores) per lane. No shared memory, no barriers.
 
 use super::super::elem::Elem;
 use super::super::ptx;
@@ -58,52 +58,78 @@ unsafe fn for_each_chunk(p: &BwdParams, mut f: impl FnMut(u32, u32, u32, u32, u3
     }
 }
 
-/// `delta[b, h, i] = Σ_c dO[b, i, h, c] · O[b, i, h, c]` in f32.
+/// `delta[b, h, i] = Σ_c dO[b, i, h, c] · O[b, i, h, c]` in f32, computed the way the main
+/// kernel computes dP = dO·Vᵀ: by `mma` over 16-column steps in order, from zero (the
+/// diagonal of O·dOᵀ for 16 tokens per warp). dS = P ∘ (dP − D) nearly cancels where one key
+/// takes nearly all of a row's softmax; when O is exactly that key's V row (one visible key),
+/// D and dP are then the same f32 sum and dS is exactly 0, as in the softmax backward.
 ///
 /// # Safety
-/// `p` describes live O, dO and delta tensors whose rows are 16-byte aligned with a head dim
-/// that is a multiple of 8; launched with [`crate::config::bwd_aux_grid`].
+/// `p` describes live O, dO and delta tensors whose rows are 4-byte aligned with an even
+/// head dim; launched with [`crate::config::bwd_aux_grid`] (any grid: warps stride over the
+/// 16-token groups).
 #[inline(always)]
 pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
-    let lanes = bwd_aux_lanes(p.dims.head_dim as usize) as u32;
-    for_each_chunk(p, |batch, row, head, col0, chunk, valid| {
-        let mut sum = 0.0f32;
-        if valid {
-            let at = |t: &crate::params::TensorRef| {
-                (t.ptr as *const u16)
-                    .add((t.strides.offset(batch, row, head) + col0 as u64) as usize)
-                    as *const Vec16
-            };
-            let (o, d_o) = (*at(&p.o), *at(&p.d_o));
-            for k in 0..4 {
-                for half in [0, 16] {
-                    let x = E::to_f32((o.0[k] >> half) as u16);
-                    let y = E::to_f32((d_o.0[k] >> half) as u16);
-                    sum = ptx::fma_rn_f32(x, y, sum);
+    let d = &p.dims;
+    let head = ptx::ctaid().1;
+    let tokens = d.batch as u64 * d.seqlen_q as u64;
+    let groups = tokens.div_ceil(16);
+    let (idx, step) = grid_stride();
+    let (lane, warps) = ((idx % 32) as u32, step / 32);
+    let (g, t) = (lane / 4, lane % 4);
+    let mut group = idx / 32;
+    while group < groups {
+        // This lane's two tokens: rows g and g + 8 of the group (A rows; B columns of the two
+        // 8-token n-tiles).
+        let row_ptr = |tok: u64, tr: &crate::params::TensorRef| -> Option<*const u16> {
+            (tok < tokens).then(|| {
+                let (batch, row) = split_token(tok, d.seqlen_q.max(1));
+                (tr.ptr as *const u16).add(tr.strides.offset(batch, row, head) as usize)
+            })
+        };
+        let toks = [group * 16 + g as u64, group * 16 + 8 + g as u64];
+        let o = toks.map(|tok| row_ptr(tok, &p.o));
+        let d_o = toks.map(|tok| row_ptr(tok, &p.d_o));
+        let pair = |row: Option<*const u16>, col: u32| -> u32 {
+            match row {
+                Some(r) if col < d.head_dim => *(r.add(col as usize) as *const u32),
+                _ => 0,
+            }
+        };
+        let (mut acc0, mut acc1) = ([0.0f32; 4], [0.0f32; 4]);
+        let mut k0 = 0;
+        while k0 < d.head_dim {
+            let (c0, c1) = (k0 + 2 * t, k0 + 8 + 2 * t);
+            let a = [
+                pair(o[0], c0),
+                pair(o[1], c0),
+                pair(o[0], c1),
+                pair(o[1], c1),
+            ];
+            E::mma(&mut acc0, a, [pair(d_o[0], c0), pair(d_o[0], c1)]);
+            E::mma(&mut acc1, a, [pair(d_o[1], c0), pair(d_o[1], c1)]);
+            k0 += 16;
+        }
+        // The diagonal: token g sits at (row g, column g) of n-tile 0, token g + 8 at
+        // (row g + 8, column g) of n-tile 1, both in the lane with t = g / 2 (element g % 2 of
+        // the row's pair; selected, not indexed, to stay in registers).
+        if t == g / 2 {
+            let odd = g % 2 == 1;
+            let diagonal = [
+                if odd { acc0[1] } else { acc0[0] },
+                if odd { acc1[3] } else { acc1[2] },
+            ];
+            for r in 0..2 {
+                let (tok, v) = (toks[r], diagonal[r]);
+                if tok < tokens {
+                    let (batch, row) = split_token(tok, d.seqlen_q.max(1));
+                    let at = p.delta.offset(batch, head, row);
+                    *(p.delta.ptr as *mut f32).add(at as usize) = v;
                 }
             }
         }
-        // Sum over the row's lanes (a power of two, aligned within the warp).
-        if lanes > 1 {
-            sum += ptx::shfl_sync_bfly::<1>(sum);
-        }
-        if lanes > 2 {
-            sum += ptx::shfl_sync_bfly::<2>(sum);
-        }
-        if lanes > 4 {
-            sum += ptx::shfl_sync_bfly::<4>(sum);
-        }
-        if lanes > 8 {
-            sum += ptx::shfl_sync_bfly::<8>(sum);
-        }
-        if lanes > 16 {
-            sum += ptx::shfl_sync_bfly::<16>(sum);
-        }
-        if valid && chunk == 0 {
-            let at = p.delta.offset(batch, head, row);
-            *(p.delta.ptr as *mut f32).add(at as usize) = sum;
-        }
-    });
+        group += warps;
+    }
 }
 
 /// `dq[b, i, h, c] = Σ_s dq_accum_s[b, i, h, c]` rounded to `E`, 8 elements per lane; the
