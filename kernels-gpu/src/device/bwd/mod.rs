@@ -37,8 +37,8 @@
 //! Shared memory (see [`crate::config::BwdTile::smem_bytes`]): K, V `[BN][PITCH]`, two
 //! buffers of Q, dO `[BM][PITCH]`, dSᵀ `[BN][BM]` (all swizzled, 16-bit), two buffers of LSE
 //! and D `[BM]` f32, and with `STAGED_DQ` the dQ stage `[BM][D + 8]` f32 (its first row's
-//! padding records which query tile it holds). Registers per thread: dK and dV `D/(2·D_SPLIT)` f32 each, Sᵀ/Pᵀ and
-//! dPᵀ/dSᵀ `BM/2` f32 each, a dQ slice of `DQ_TILES·4` f32.
+//! padding records which query tile it holds). Registers per thread: dK and dV
+//! `D/(2·D_SPLIT)` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, a dQ slice of `DQ_TILES·4` f32.
 //! Sync points: two `bar.sync` per query tile, (A) and (B) above; one between key tiles, and
 //! with `STAGED_DQ` one more at the end of each key tile. The stage's writers fence it for the
 //! bulk engine (`fence.proxy.async`) before the barrier that precedes its bulk add.
@@ -204,9 +204,9 @@ unsafe fn key_tile<
         let (q, d_o) = (smem.q(buf), smem.d_o(buf));
         let mask = M::new(&p.mask, &block);
         let step_lanes = lanes.step_local();
-        // Opaque per step: positions derived from it (dSᵀ store addresses, dQ rows) are
-        // recomputed each step rather than hoisted out of the loop into registers.
-        // The warp's roles too: from the opaque thread index rather than kept in registers.
+        // The thread's fragment position and its warp's roles, from the thread index made
+        // opaque per step: what derives from them (dSᵀ store addresses, dQ rows, column
+        // slices) is recomputed each step rather than hoisted out of the loop into registers.
         let tid_s = ptx::opaque_u32(me.tid);
         let pos_s = FragPos::of(tid_s % 32);
         let WarpRoles {
