@@ -13,7 +13,7 @@ use crate::params::AttnParams;
 use crate::tensor::DeviceTensor;
 use flash_attn_kernels::config::{bwd_aux_grid, BWD_AUX_THREADS};
 use flash_attn_kernels::params::{
-    BwdParams, MaskArgs, RowStatsRef, SeqDims, Strides, TensorRef, FLAG_CAUSAL,
+    BwdParams, MaskArgs, RowStatsRef, Strides, TensorRef, FLAG_CAUSAL,
 };
 use flash_attn_kernels::registry::{
     self, KernelDType, MaskKind, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS,
@@ -215,14 +215,7 @@ pub fn flash_attn_backward_into<T: Element>(
             batch_stride: (hq * nq) as u64,
             head_stride: nq as u64,
         },
-        dims: SeqDims {
-            batch: b as u32,
-            heads_q: hq as u32,
-            heads_kv: shape.heads_kv as u32,
-            seqlen_q: nq as u32,
-            seqlen_k: shape.seqlen_k as u32,
-            head_dim: padded_d as u32,
-        },
+        dims: shape.seq_dims(padded_d),
         scale_log2,
         scale,
         mask: MaskArgs {

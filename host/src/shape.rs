@@ -7,6 +7,7 @@
 //! sizes of outputs (the CPU backend allocates fallibly, see [`crate::cpu`]).
 
 use crate::error::{FlashError, Result};
+use flash_attn_kernels::params::SeqDims;
 
 /// The sizes of one attention call, validated by [`check_shapes`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -29,6 +30,19 @@ pub struct AttnShape {
 pub const MAX_DIM: usize = i32::MAX as usize;
 
 impl AttnShape {
+    /// The sizes as the kernels' launch parameters take them, with `padded_d`, the head dim
+    /// the kernels index by (the call's, rounded up to a multiple of 8).
+    pub(crate) fn seq_dims(&self, padded_d: usize) -> SeqDims {
+        SeqDims {
+            batch: self.batch as u32,
+            heads_q: self.heads_q as u32,
+            heads_kv: self.heads_kv as u32,
+            seqlen_q: self.seqlen_q as u32,
+            seqlen_k: self.seqlen_k as u32,
+            head_dim: padded_d as u32,
+        }
+    }
+
     /// Query heads that share one key/value head (`Hq / Hkv`).
     pub fn group_size(&self) -> usize {
         self.heads_q / self.heads_kv

@@ -534,32 +534,24 @@ mod tests {
             &PLAIN,
         )
         .unwrap();
-        let mut expected = pages0.clone();
         // Sequence 0: keys 15, 16, 17 → page 5 row 15, page 0 rows 0 and 1.
         // Sequence 1: keys 47, 48, 49 → page 4 row 15, page 6 rows 0 and 1.
-        for (b, slots) in [
-            (0, [(5, 15), (0, 0), (0, 1)]),
-            (1, [(4, 15), (6, 0), (6, 1)]),
-        ] {
-            for (t, (page, row)) in slots.into_iter().enumerate() {
-                expected
-                    .slice_mut(s![page, row, .., ..])
-                    .assign(&k_new.slice(s![b, t, .., ..]));
+        let expected_after = |new: &Array4<f32>| {
+            let mut expected = pages0.clone();
+            for (b, slots) in [
+                (0, [(5, 15), (0, 0), (0, 1)]),
+                (1, [(4, 15), (6, 0), (6, 1)]),
+            ] {
+                for (t, (page, row)) in slots.into_iter().enumerate() {
+                    expected
+                        .slice_mut(s![page, row, .., ..])
+                        .assign(&new.slice(s![b, t, .., ..]));
+                }
             }
-        }
-        assert_eq!(kp, expected);
-        let mut expected_v = pages0;
-        for (b, slots) in [
-            (0, [(5, 15), (0, 0), (0, 1)]),
-            (1, [(4, 15), (6, 0), (6, 1)]),
-        ] {
-            for (t, (page, row)) in slots.into_iter().enumerate() {
-                expected_v
-                    .slice_mut(s![page, row, .., ..])
-                    .assign(&v_new.slice(s![b, t, .., ..]));
-            }
-        }
-        assert_eq!(vp, expected_v);
+            expected
+        };
+        assert_eq!(kp, expected_after(&k_new));
+        assert_eq!(vp, expected_after(&v_new));
     }
 
     #[test]

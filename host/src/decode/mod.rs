@@ -20,6 +20,7 @@ use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, 
 use crate::fwd::validate::check_dtype;
 use crate::launch::launch;
 use crate::params::AttnParams;
+use crate::shape::DecodeShape;
 use crate::tensor::DeviceTensor;
 
 pub use splits::decode_splits;
@@ -127,10 +128,13 @@ pub fn attn_with_kvcache_into<T: Element>(
     lse: &mut DeviceTensor<f32>,
 ) -> Result<()> {
     check_dtype::<T>()?;
-    let call = check_cache(dev, q, &cache, new_kv, o, lse)?;
+    let CacheCall {
+        shape: call,
+        max_keys,
+    } = check_cache(dev, q, &cache, new_kv, o, lse)?;
     let scale_log2 = params.scale_log2(call.head_dim)?;
     let kernel = decode_kernel::<T>(call.head_dim)?;
-    let splits = pick_splits(dev, &call, kernel, options)?;
+    let splits = pick_splits(dev, &call, max_keys, kernel, options)?;
     let padded_d = padded_head_dim(call.head_dim);
 
     let layout = |seqlens: u64, appended: usize| KvLayout {
@@ -232,14 +236,7 @@ pub(crate) fn forward_via_decode<T: Element>(
             entries: shape.batch as u32,
             ..KvLayout::default()
         },
-        dims: SeqDims {
-            batch: shape.batch as u32,
-            heads_q: shape.heads_q as u32,
-            heads_kv: shape.heads_kv as u32,
-            seqlen_q: shape.seqlen_q as u32,
-            seqlen_k: shape.seqlen_k as u32,
-            head_dim: padded_d as u32,
-        },
+        dims: shape.seq_dims(padded_d),
         head_dim: shape.head_dim,
         scale_log2: params.scale_log2(shape.head_dim)?,
         causal: params.causal,
@@ -318,7 +315,8 @@ impl Splits {
 /// The splits of a validated call: forced by `options` or chosen by [`decode_splits`].
 fn pick_splits(
     dev: &Device,
-    call: &CacheCall,
+    call: &DecodeShape,
+    max_keys: usize,
     kernel: DecodeKernel,
     options: &DecodeOptions,
 ) -> Result<Splits> {
@@ -332,10 +330,10 @@ fn pick_splits(
         None => kernel.auto_splits(
             dev,
             [call.batch, call.heads_q, call.heads_kv, call.seqlen_q],
-            call.max_keys,
+            max_keys,
         )?,
     };
-    Ok(Splits::new(wanted, call.max_keys))
+    Ok(Splits::new(wanted, max_keys))
 }
 
 /// The decode kernel for `T` and a head dim.

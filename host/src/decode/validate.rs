@@ -17,23 +17,11 @@ use super::{KvCache, NewKv};
 /// Largest grid y/z extent (KV heads and batch are mapped there).
 const MAX_GRID_YZ: usize = 65_535;
 
-/// The sizes of a checked decode call.
+/// A checked decode call: its sizes, and the most keys any sequence attends to (cached +
+/// appended).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct CacheCall {
-    pub batch: usize,
-    pub seqlen_q: usize,
-    pub heads_q: usize,
-    pub heads_kv: usize,
-    pub head_dim: usize,
-    /// Keys per page (0: contiguous cache).
-    pub page_size: usize,
-    /// New keys appended per sequence.
-    pub appended: usize,
-    /// Keys the cache holds per sequence.
-    pub capacity: usize,
-    /// Pages in the pool (paged) or batch entries (contiguous).
-    pub entries: usize,
-    /// The most keys any sequence attends to (cached + appended).
+    pub shape: DecodeShape,
     pub max_keys: usize,
 }
 
@@ -71,9 +59,7 @@ pub(super) fn check_cache<T: Element>(
         heads_q,
         heads_kv,
         head_dim,
-        page_size,
         capacity,
-        appended,
         ..
     } = shape;
     if head_dim > 256 {
@@ -187,18 +173,7 @@ pub(super) fn check_cache<T: Element>(
             Ok(())
         },
     )?;
-    Ok(CacheCall {
-        batch,
-        seqlen_q,
-        heads_q,
-        heads_kv,
-        head_dim,
-        page_size,
-        appended,
-        capacity,
-        entries: shape.entries,
-        max_keys,
-    })
+    Ok(CacheCall { shape, max_keys })
 }
 
 /// O must be Q's shape and LSE `[B, Hq, Nq]` with the sequence dim contiguous.

@@ -8,7 +8,7 @@ mod dispatch;
 pub(crate) mod layout;
 pub(crate) mod validate;
 
-use flash_attn_kernels::params::{FwdParams, MaskArgs, RowStatsRef, SeqDims, FLAG_CAUSAL};
+use flash_attn_kernels::params::{FwdParams, MaskArgs, RowStatsRef, FLAG_CAUSAL};
 
 use crate::device::Device;
 use crate::dtype::Element;
@@ -79,14 +79,7 @@ pub fn flash_attn_into<T: Element>(
             batch_stride: lse.strides()[0] as u64,
             head_stride: lse.strides()[1] as u64,
         },
-        dims: SeqDims {
-            batch: shape.batch as u32,
-            heads_q: shape.heads_q as u32,
-            heads_kv: shape.heads_kv as u32,
-            seqlen_q: shape.seqlen_q as u32,
-            seqlen_k: shape.seqlen_k as u32,
-            head_dim: padded_d as u32,
-        },
+        dims: shape.seq_dims(padded_d),
         scale_log2,
         mask: MaskArgs {
             flags: if params.causal { FLAG_CAUSAL } else { 0 },
