@@ -295,6 +295,7 @@ fn f16_safetensors_cpu_matches_reference() {
     let params = AttnParams {
         causal: true,
         softmax_scale: Some(0.3),
+        ..AttnParams::default()
     };
     check_against_reference(&qkv, &params, &o, &lse, 2e-2);
 }
@@ -345,6 +346,7 @@ fn f32_uses_cpu_automatically() {
     let params = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     check_against_reference(&qkv, &params, &o, &lse, 1e-4);
     assert!(lse.iter().any(|x| *x == f64::NEG_INFINITY));
@@ -403,6 +405,7 @@ fn npy_inputs_and_outputs() {
     let params = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     check_against_reference(&qkv, &params, &o, &lse, 2e-2);
 
@@ -604,6 +607,7 @@ fn backward_matches_library<T: Elem + flash_attn::Element>(causal: bool) {
     let params = AttnParams {
         causal,
         softmax_scale: Some(-0.4),
+        ..AttnParams::default()
     };
     let (o, lse) =
         flash_attn::cpu::attention_cpu(qkv.q.view(), qkv.k.view(), qkv.v.view(), &params).unwrap();
@@ -800,6 +804,7 @@ fn decode_matches_library<T: Elem + flash_attn::Element>(case: &DecodeCase<T>, c
     let params = AttnParams {
         causal,
         softmax_scale: Some(0.3),
+        ..AttnParams::default()
     };
     let (o, lse, k, v) = expected_decode(case, &params);
     let wide = |a: &Array4<T>| a.mapv(Elem::to_f64).into_dyn();
@@ -889,6 +894,7 @@ fn decode_default_backend_matches_the_cpu() {
     let params = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     let (o, lse, k, v) = expected_decode(&case, &params);
     for (name, want) in [("k_cache", &k), ("v_cache", &v)] {

@@ -19,6 +19,7 @@ fn main() -> flash_attn::Result<()> {
     let params = AttnParams {
         causal: true,
         softmax_scale: None, // 1/sqrt(head_dim)
+        ..AttnParams::default()
     };
 
     match Device::new(0) {

@@ -32,6 +32,7 @@ fn main() -> flash_attn::Result<()> {
     let params = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     let up = |a: &Array4<f32>| DeviceTensor::from_ndarray(&dev, a.mapv(bf16::from_f32).view());
     let down = |t: &DeviceTensor<bf16>| -> flash_attn::Result<Array4<f32>> {

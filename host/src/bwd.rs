@@ -9,15 +9,12 @@ use crate::error::{FlashError, Result};
 use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use crate::fwd::validate::{check_dtype, dims, input_shape};
 use crate::launch::launch;
+use crate::mask::DeviceMask;
 use crate::params::AttnParams;
 use crate::tensor::DeviceTensor;
 use flash_attn_kernels::config::{bwd_aux_grid, BWD_AUX_THREADS};
-use flash_attn_kernels::params::{
-    BwdParams, MaskArgs, RowStatsRef, Strides, TensorRef, FLAG_CAUSAL,
-};
-use flash_attn_kernels::registry::{
-    self, KernelDType, MaskKind, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS,
-};
+use flash_attn_kernels::params::{BwdParams, RowStatsRef, Strides, TensorRef};
+use flash_attn_kernels::registry::{self, KernelDType, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS};
 use std::sync::Arc;
 
 /// How the GPU backward sums dQ. dK and dV are deterministic in both modes (each is summed by
@@ -114,13 +111,14 @@ pub fn flash_attn_backward_into<T: Element>(
         &dims(dv.shape(), "dV")?,
     )?;
     let d = shape.head_dim;
-    let kernel = registry::bwd_kernel(d, MaskKind::Causal).ok_or(FlashError::HeadDim(d))?;
+    let kernel = registry::bwd_kernel(d, params.mask_kind()).ok_or(FlashError::HeadDim(d))?;
     let dtype = match T::DTYPE {
         DType::BF16 => KernelDType::Bf16,
         _ => KernelDType::F16,
     };
     let tile = kernel.tile(dev.arch());
-    let (scale, scale_log2) = (params.scale(d)?, params.scale_log2(d)?);
+    let (scale, scale_log2) = (params.kernel_grad_scale(d)?, params.kernel_scale_log2(d)?);
+    params.check_masks(shape.batch, shape.heads_q)?;
     let inputs: [(&str, &DeviceTensor<T>); 5] =
         [("Q", q), ("K", k), ("V", v), ("O", o), ("dO", d_o)];
     let outputs: [(&str, &DeviceTensor<T>); 3] = [("dQ", dq), ("dK", dk), ("dV", dv)];
@@ -175,6 +173,7 @@ pub fn flash_attn_backward_into<T: Element>(
     let dk_packed = packed_output(dev, dk, padded_d)?;
     let dv_packed = packed_output(dev, dv, padded_d)?;
     let (b, nq, hq) = (shape.batch, shape.seqlen_q, shape.heads_q);
+    let mask = DeviceMask::new(dev, params, (b, hq, d))?;
     let delta = DeviceTensor::<f32>::uninit(dev, &[b, hq, nq])?;
     let key_tiles = shape.seqlen_k.div_ceil(tile.block_n);
     // Whole query tiles and the compiled head dim: the main kernel's adds are unchecked.
@@ -218,9 +217,7 @@ pub fn flash_attn_backward_into<T: Element>(
         dims: shape.seq_dims(padded_d),
         scale_log2,
         scale,
-        mask: MaskArgs {
-            flags: if params.causal { FLAG_CAUSAL } else { 0 },
-        },
+        mask: mask.args,
         dq_split_stride: match mode {
             BwdMode::Fast => 0,
             BwdMode::Deterministic => one_accum as u64,

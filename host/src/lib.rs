@@ -15,6 +15,7 @@ pub mod error;
 mod fwd;
 pub mod kernels;
 mod launch;
+mod mask;
 pub mod params;
 pub mod shape;
 pub mod tensor;

@@ -12,18 +12,31 @@ use crate::error::{FlashError, Result};
 /// its O row and its LSE. Scaled scores beyond the f32 range overflow to ±∞ and follow the same
 /// rule, like a naive f32 softmax. A non-finite value in a visible V row reaches the O row by
 /// IEEE arithmetic (NaN, or ±∞). Keys hidden by the mask are never read for the row, and a row
-/// with no visible key at all (possible with causal masking and `seqlen_q > seqlen_k`) gets
+/// with no visible key at all (possible with causal masking and `seqlen_q > seqlen_k`, or a window) gets
 /// O = 0 and LSE = −∞: only such a row does.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct AttnParams {
+pub struct AttnParams<'a> {
     /// Causal masking, aligned to the bottom-right corner when `seqlen_q != seqlen_k`: query
-    /// `i` sees keys `j ≤ i + seqlen_k − seqlen_q` (FlashAttention 2's convention).
+    /// `i` sees keys `j ≤ i + seqlen_k − seqlen_q` (FlashAttention 2's convention). Combined
+    /// with [`AttnParams::window`], it sets the window's right side to 0.
     pub causal: bool,
     /// Scale applied to `Q·Kᵀ` before the softmax; `None` means `1/√head_dim`.
     pub softmax_scale: Option<f32>,
+    /// Sliding window `(left, right)`, bottom-right aligned: query `i` sees keys `j` with
+    /// `i + Nk − Nq − left ≤ j ≤ i + Nk − Nq + right` (FlashAttention's `window_size`; a side
+    /// of `usize::MAX`, or any value ≥ the sequence length, is unbounded). Key tiles outside
+    /// every row's window are skipped. `None`: no window.
+    pub window: Option<(usize, usize)>,
+    /// Logit softcap `cap > 0`: the logits are `cap·tanh(scale·s / cap)` (Gemma 2), with the
+    /// tanh's derivative in the backward.
+    pub softcap: Option<f32>,
+    /// ALiBi slopes, `[Hq]` (one per query head) or `[B, Hq]` row-major, f32: the bias
+    /// `−slope·|i + Nk − Nq − j|` is added to the logits (after the softcap), FlashAttention's
+    /// convention. The GPU path copies them to the device on every call.
+    pub alibi_slopes: Option<&'a [f32]>,
 }
 
-impl AttnParams {
+impl AttnParams<'_> {
     /// The scale to use for a head dim: `softmax_scale`, or `1/√head_dim` by default. Errors
     /// ([`FlashError::Param`]) when it is not finite or when `scale·log2 e` overflows f32
     /// (`|scale|` ≳ 2.4e38), so that every backend accepts the same scales.
@@ -83,15 +96,15 @@ mod tests {
             f32::MAX,
         ] {
             let p = AttnParams {
-                causal: false,
                 softmax_scale: Some(s),
+                ..AttnParams::default()
             };
             assert!(matches!(p.scale(8), Err(FlashError::Param(_))), "{s}");
             assert!(matches!(p.scale_log2(8), Err(FlashError::Param(_))), "{s}");
         }
         let p = AttnParams {
-            causal: false,
             softmax_scale: Some(2.3e38),
+            ..AttnParams::default()
         };
         assert!(p.scale_log2(8).unwrap().is_finite());
     }

@@ -7,8 +7,8 @@
 //!   block-sparse and tree masks); tiles it skips are neither loaded nor computed;
 //! - whether a visited tile needs the element-wise predicate ([`AttnMask::visible`]), or is
 //!   entirely visible;
-//! - the *score modifier* ([`AttnMask::modify_score`], for ALiBi and softcap), which does
-//!   nothing unless the mask says [`AttnMask::MODIFIES_SCORES`].
+//! - the *score modifier* ([`AttnMask::score`], for ALiBi and softcap), which does nothing
+//!   unless the mask says [`AttnMask::MODIFIES_SCORES`], and its derivative for the backward.
 //!
 //! The CPU backend uses the same types, so both sides agree on every edge.
 
@@ -17,11 +17,31 @@ use crate::params::MaskArgs;
 
 /// A mask policy; see the module docs.
 pub trait AttnMask: Sized {
-    /// Whether [`AttnMask::modify_score`] changes scores (else kernels skip it).
+    /// Whether [`AttnMask::score`] changes scores (else kernels skip it and apply the
+    /// softmax scale themselves).
     const MODIFIES_SCORES: bool = false;
 
     /// The mask of one block.
-    fn new(args: &MaskArgs, block: &BlockInfo) -> Self;
+    ///
+    /// # Safety
+    /// `args` are the host-validated arguments of the launch.
+    unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self;
+
+    /// The ALiBi slope of query head `head` of batch entry `batch` (0 without ALiBi): the
+    /// `slope` argument of [`AttnMask::score`].
+    ///
+    /// # Safety
+    /// `args.alibi_slopes`, when set, holds the entry (the host validated its length).
+    #[inline(always)]
+    unsafe fn slope(_args: &MaskArgs, _batch: u32, _head: u32) -> f32 {
+        0.0
+    }
+
+    /// [`AttnMask::slope`] of the block's own head (kept by the mask; 0 without ALiBi).
+    #[inline(always)]
+    fn block_slope(&self) -> f32 {
+        0.0
+    }
 
     /// Whether later query tiles visit more key tiles (then the grid runs them first, so the
     /// last wave holds the short ones).
@@ -61,10 +81,19 @@ pub trait AttnMask: Sized {
     /// rows that see keys whose scores are all −∞ get NaN (they are not masked rows).
     fn row_sees_keys(&self, row: u32) -> bool;
 
-    /// The score of (`row`, `key`) as the softmax should see it (before the softmax scale).
+    /// The logit of (`row`, `key`) from its raw score `s = q·k`, for masks that
+    /// [`AttnMask::MODIFIES_SCORES`] (the softmax then runs with the scale `log2 e`); `slope`
+    /// from [`AttnMask::slope`] for the row's head.
     #[inline(always)]
-    fn modify_score(&self, _row: u32, _key: u32, score: f32) -> f32 {
-        score
+    fn score(&self, _row: u32, _key: u32, s: f32, _slope: f32) -> f32 {
+        s
+    }
+
+    /// [`AttnMask::score`] and its derivative with respect to `s` (the backward multiplies dS
+    /// by it).
+    #[inline(always)]
+    fn score_and_grad(&self, row: u32, key: u32, s: f32, slope: f32) -> (f32, f32) {
+        (self.score(row, key, s, slope), 1.0)
     }
 }
 
@@ -122,7 +151,7 @@ impl CausalMask {
 
 impl AttnMask for CausalMask {
     #[inline(always)]
-    fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
+    unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
         Self {
             seqlen_q: block.seqlen_q,
             seqlen_k: block.seqlen_k,
@@ -183,10 +212,251 @@ impl AttnMask for CausalMask {
     }
 }
 
+/// The largest window bound: a window side of this size (or more) is unbounded.
+pub const UNBOUNDED: u32 = u32::MAX;
+
+/// Sequence tails plus a window aligned to the bottom-right corner: with
+/// `shift = seqlen_k − seqlen_q`, query `i` sees keys `j` with
+/// `i + shift − left ≤ j ≤ i + shift + right` and `j < seqlen_k` (FlashAttention 2's
+/// convention). Causal masking is the window `(UNBOUNDED, 0)`, no mask `(UNBOUNDED,
+/// UNBOUNDED)`. Rows whose window holds no key (for example `i < seqlen_q − seqlen_k` when
+/// causal) see no key at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowMask {
+    /// Query sequence length.
+    pub seqlen_q: u32,
+    /// Key sequence length.
+    pub seqlen_k: u32,
+    /// Keys visible before the diagonal ([`UNBOUNDED`]: all).
+    pub left: u32,
+    /// Keys visible after the diagonal ([`UNBOUNDED`]: all).
+    pub right: u32,
+}
+
+impl WindowMask {
+    /// The mask of `args` for sequences of `seqlen_q` queries and `seqlen_k` keys.
+    #[inline(always)]
+    pub fn of(args: &MaskArgs, seqlen_q: u32, seqlen_k: u32) -> Self {
+        Self {
+            seqlen_q,
+            seqlen_k,
+            left: args.window_left,
+            right: args.window_right,
+        }
+    }
+
+    /// `seqlen_k − seqlen_q`: the diagonal of row `i` is key `i + shift`.
+    #[inline(always)]
+    fn shift(&self) -> i64 {
+        self.seqlen_k as i64 - self.seqlen_q as i64
+    }
+
+    /// The first key `row` may see, before clipping to the sequence (may be negative).
+    #[inline(always)]
+    fn lo(&self, row: u32) -> i64 {
+        row as i64 + self.shift() - self.left as i64
+    }
+
+    /// The last key `row` may see, before clipping to the sequence (inclusive).
+    #[inline(always)]
+    fn hi(&self, row: u32) -> i64 {
+        row as i64 + self.shift() + self.right as i64
+    }
+
+    /// The keys rows `[row0, row0 + block_m)` see, as an inclusive range clipped to the
+    /// sequence; empty when `first > last`. Rows past `seqlen_q` do not count. The rows'
+    /// windows slide by one key per row, so their union has no gap.
+    #[inline(always)]
+    fn keys_of_rows(&self, row0: u32, block_m: u32) -> (i64, i64) {
+        let last_row = (row0 + block_m).min(self.seqlen_q).max(row0 + 1) - 1;
+        (
+            self.lo(row0).max(0),
+            self.hi(last_row).min(self.seqlen_k as i64 - 1),
+        )
+    }
+}
+
+impl AttnMask for WindowMask {
+    #[inline(always)]
+    unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
+        Self::of(args, block.seqlen_q, block.seqlen_k)
+    }
+
+    #[inline(always)]
+    fn later_rows_see_more(args: &MaskArgs) -> bool {
+        args.window_left == UNBOUNDED && args.window_right != UNBOUNDED
+    }
+
+    #[inline(always)]
+    fn first_key_tile(&self, row0: u32, block_m: u32, block_n: u32) -> Option<u32> {
+        let (first, last) = self.keys_of_rows(row0, block_m);
+        (first <= last).then(|| (last / block_n as i64) as u32)
+    }
+
+    #[inline(always)]
+    fn next_key_tile(&self, row0: u32, _block_m: u32, block_n: u32, n: u32) -> Option<u32> {
+        let lowest = (self.lo(row0).max(0) / block_n as i64) as u32;
+        (n > lowest).then(|| n - 1)
+    }
+
+    #[inline(always)]
+    fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool {
+        let (first, last) = self.keys_of_rows(row0, block_m);
+        let (k0, k1) = (
+            n as i64 * block_n as i64,
+            (n as i64 + 1) * block_n as i64 - 1,
+        );
+        first <= last && k0 <= last && k1 >= first
+    }
+
+    #[inline(always)]
+    fn tile_needs_mask(&self, row0: u32, block_m: u32, n_block: u32, block_n: u32) -> bool {
+        let k0 = n_block as i64 * block_n as i64;
+        let k1 = k0 + block_n as i64 - 1; // inclusive
+                                          // The first row sees the fewest keys on the right, the tile's last row (valid or
+                                          // not: rows past the sequence are never stored) the fewest on the left.
+        k1 >= self.seqlen_k as i64 || k1 > self.hi(row0) || k0 < self.lo(row0 + block_m - 1)
+    }
+
+    #[inline(always)]
+    fn visible(&self, row: u32, key: u32) -> bool {
+        let key_i = key as i64;
+        key < self.seqlen_k && key_i >= self.lo(row) && key_i <= self.hi(row)
+    }
+
+    #[inline(always)]
+    fn row_sees_keys(&self, row: u32) -> bool {
+        self.lo(row).max(0) <= self.hi(row).min(self.seqlen_k as i64 - 1)
+    }
+}
+
+/// The general mask ([`crate::registry::MaskKind::Masked`]): a [`WindowMask`] plus score
+/// modifiers. The logit of (row `i`, key `j`) is
+/// `softcap(scale·s) − slope·|i + shift − j|` with `softcap(x) = cap·tanh(x / cap)` when a
+/// cap is set (Gemma 2) and the ALiBi slope of the block's (batch, head) (MPT, BLOOM;
+/// FlashAttention's convention, bottom-right aligned). The kernels then run the softmax with
+/// the scale `log2 e` (the softmax scale is applied here, before the cap).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoredMask {
+    /// Which keys each row sees.
+    pub window: WindowMask,
+    /// The softmax scale (applied before the cap).
+    pub scale: f32,
+    /// The cap; 0 for none.
+    pub softcap: f32,
+    /// The ALiBi slope of the block's head (0: none).
+    pub slope: f32,
+}
+
+impl ScoredMask {
+    /// The mask of `args` for sequences of `seqlen_q` queries and `seqlen_k` keys.
+    #[inline(always)]
+    pub fn of(args: &MaskArgs, seqlen_q: u32, seqlen_k: u32) -> Self {
+        Self {
+            window: WindowMask::of(args, seqlen_q, seqlen_k),
+            scale: args.scale,
+            softcap: args.softcap,
+            slope: 0.0,
+        }
+    }
+
+    /// `cap·tanh(x / cap)` and its derivative `1 − tanh²`, or `(x, 1)` without a cap.
+    #[inline(always)]
+    fn cap(&self, x: f32) -> (f32, f32) {
+        if self.softcap > 0.0 {
+            let t = crate::math::tanh(x / self.softcap);
+            (self.softcap * t, 1.0 - t * t)
+        } else {
+            (x, 1.0)
+        }
+    }
+
+    /// `|row + shift − key|` in f32 (exact while the positions stay below 2²⁴).
+    #[inline(always)]
+    fn distance(&self, row: u32, key: u32) -> f32 {
+        (row as f32 - key as f32 + self.window.shift() as f32).abs()
+    }
+}
+
+impl AttnMask for ScoredMask {
+    const MODIFIES_SCORES: bool = true;
+
+    #[inline(always)]
+    unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
+        Self {
+            slope: Self::slope(args, block.batch, block.head),
+            ..Self::of(args, block.seqlen_q, block.seqlen_k)
+        }
+    }
+
+    #[inline(always)]
+    fn block_slope(&self) -> f32 {
+        self.slope
+    }
+
+    #[inline(always)]
+    unsafe fn slope(args: &MaskArgs, batch: u32, head: u32) -> f32 {
+        if args.alibi_slopes == 0 {
+            0.0
+        } else {
+            let at = batch as usize * args.alibi_batch_stride as usize + head as usize;
+            *(args.alibi_slopes as *const f32).add(at)
+        }
+    }
+
+    #[inline(always)]
+    fn later_rows_see_more(args: &MaskArgs) -> bool {
+        WindowMask::later_rows_see_more(args)
+    }
+
+    #[inline(always)]
+    fn first_key_tile(&self, row0: u32, block_m: u32, block_n: u32) -> Option<u32> {
+        self.window.first_key_tile(row0, block_m, block_n)
+    }
+
+    #[inline(always)]
+    fn next_key_tile(&self, row0: u32, block_m: u32, block_n: u32, n: u32) -> Option<u32> {
+        self.window.next_key_tile(row0, block_m, block_n, n)
+    }
+
+    #[inline(always)]
+    fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool {
+        self.window.visits_key_tile(row0, block_m, n, block_n)
+    }
+
+    #[inline(always)]
+    fn tile_needs_mask(&self, row0: u32, block_m: u32, n_block: u32, block_n: u32) -> bool {
+        self.window.tile_needs_mask(row0, block_m, n_block, block_n)
+    }
+
+    #[inline(always)]
+    fn visible(&self, row: u32, key: u32) -> bool {
+        self.window.visible(row, key)
+    }
+
+    #[inline(always)]
+    fn row_sees_keys(&self, row: u32) -> bool {
+        self.window.row_sees_keys(row)
+    }
+
+    #[inline(always)]
+    fn score(&self, row: u32, key: u32, s: f32, slope: f32) -> f32 {
+        let (x, _) = self.cap(self.scale * s);
+        x - slope * self.distance(row, key)
+    }
+
+    #[inline(always)]
+    fn score_and_grad(&self, row: u32, key: u32, s: f32, slope: f32) -> (f32, f32) {
+        let (x, dx) = self.cap(self.scale * s);
+        (x - slope * self.distance(row, key), self.scale * dx)
+    }
+}
+
 /// The mask types by [`crate::registry::MaskKind`] name (the registry's entry points name them
 /// this way).
 pub mod kind {
     pub use super::CausalMask as Causal;
+    pub use super::ScoredMask as Masked;
 }
 
 #[cfg(test)]
@@ -206,15 +476,26 @@ mod tests {
             (37, 100),
             (129, 255),
         ] {
-            for causal in [false, true] {
-                let m = CausalMask {
+            let windows = [
+                (UNBOUNDED, UNBOUNDED),
+                (UNBOUNDED, 0),
+                (0, 0),
+                (5, 0),
+                (17, 3),
+                (0, 40),
+                (70, UNBOUNDED),
+                (3, 2),
+            ];
+            for (left, right) in windows {
+                let m = WindowMask {
                     seqlen_q: nq,
                     seqlen_k: nk,
-                    causal,
+                    left,
+                    right,
                 };
                 for (bm, bn) in [(16u32, 16u32), (64, 32), (128, 64)] {
                     for row0 in (0..nq).step_by(bm as usize) {
-                        let mut visited = [false; 64];
+                        let mut visited = [false; 256];
                         let mut last = u32::MAX;
                         for n in m.key_tiles(row0, bm, bn) {
                             assert!(n < last, "tiles must come in decreasing order");
@@ -232,7 +513,7 @@ mod tests {
                             let inside = visited[n as usize];
                             assert_eq!(
                                 any, inside,
-                                "nq={nq} nk={nk} causal={causal} row0={row0} n={n}"
+                                "nq={nq} nk={nk} window=({left}, {right}) row0={row0} n={n}"
                             );
                             if inside {
                                 // rows past seqlen_q are never stored, so only valid rows count

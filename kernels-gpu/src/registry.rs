@@ -7,9 +7,10 @@
 //!
 //! What is a compile-time variant: the family, the element type, the head dim and the mask
 //! kind (each changes the instruction stream or the register tiles). What is a runtime
-//! argument: sequence lengths, strides, the softmax scale and the causal flag of
-//! [`MaskKind::Causal`] (a warp-uniform branch outside the inner loop: one kernel serves both
-//! instead of doubling the PTX; see docs/design.md).
+//! argument: sequence lengths, strides, the softmax scale, the causal flag of
+//! [`MaskKind::Causal`] (a warp-uniform branch outside the inner loop: one kernel serves both),
+//! and the window, softcap and ALiBi of [`MaskKind::Masked`] (tile bounds, a predicate in edge
+//! tiles, warp-uniform branches per score; see docs/design.md).
 
 use crate::arch::{Arch, ARCH_COUNT};
 use crate::config::{
@@ -29,8 +30,11 @@ pub enum KernelDType {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MaskKind {
     /// [`crate::mask::CausalMask`]: sequence tails, plus bottom-right causal masking when the
-    /// params' causal flag is set.
+    /// params' window is `(∞, 0)` (the plain kernels).
     Causal,
+    /// [`crate::mask::ScoredMask`]: a sliding window plus softcap and ALiBi, which modify
+    /// every score (their own kernels, so that the plain ones pay nothing for them).
+    Masked,
 }
 
 /// Kernel family: which algorithm and which parameter struct.
@@ -515,6 +519,13 @@ registry! {
         96 Causal [flash_fwd_f16_d96, flash_fwd_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
         128 Causal [flash_fwd_f16_d128, flash_fwd_bf16_d128] [(4, 2, 32, false), (4, 2, 64, false)];
         256 Causal [flash_fwd_f16_d256, flash_fwd_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        // The general mask's kernels: softcap, ALiBi and the window cost registers, so some
+        // tiles are smaller than the plain ones' (no spills on either target).
+        32 Masked [flash_fwd_masked_f16_d32, flash_fwd_masked_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
+        64 Masked [flash_fwd_masked_f16_d64, flash_fwd_masked_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
+        96 Masked [flash_fwd_masked_f16_d96, flash_fwd_masked_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Masked [flash_fwd_masked_f16_d128, flash_fwd_masked_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
+        256 Masked [flash_fwd_masked_f16_d256, flash_fwd_masked_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).
@@ -524,6 +535,12 @@ registry! {
         96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
         128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 1, 32, false), (8, 1, 64, false)];
         256 Causal [flash_bwd_f16_d256, flash_bwd_bf16_d256] [(2, 2, 32, false), (4, 2, 32, true)];
+        // The general mask's kernels keep d logit / d s per score: smaller query tiles.
+        32 Masked [flash_bwd_masked_f16_d32, flash_bwd_masked_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Masked [flash_bwd_masked_f16_d64, flash_bwd_masked_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
+        96 Masked [flash_bwd_masked_f16_d96, flash_bwd_masked_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Masked [flash_bwd_masked_f16_d128, flash_bwd_masked_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
+        256 Masked [flash_bwd_masked_f16_d256, flash_bwd_masked_bf16_d256] [(2, 2, 32, false), (4, 2, 32, true)];
     }
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];
@@ -537,6 +554,12 @@ registry! {
         96 Causal [flash_decode_f16_d96, flash_decode_bf16_d96] [(2, 4, 2, false), (2, 8, 3, false)];
         128 Causal [flash_decode_f16_d128, flash_decode_bf16_d128] [(2, 4, 2, false), (2, 8, 3, false)];
         256 Causal [flash_decode_f16_d256, flash_decode_bf16_d256] [(1, 2, 2, false), (1, 4, 3, false)];
+        // The general mask's kernels hold one ALiBi slope per row: one m-tile at d = 128.
+        32 Masked [flash_decode_masked_f16_d32, flash_decode_masked_bf16_d32] [(2, 4, 4, true), (2, 4, 4, true)];
+        64 Masked [flash_decode_masked_f16_d64, flash_decode_masked_bf16_d64] [(2, 4, 4, true), (2, 4, 4, true)];
+        96 Masked [flash_decode_masked_f16_d96, flash_decode_masked_bf16_d96] [(2, 4, 2, false), (2, 8, 3, false)];
+        128 Masked [flash_decode_masked_f16_d128, flash_decode_masked_bf16_d128] [(1, 4, 2, false), (1, 8, 3, false)];
+        256 Masked [flash_decode_masked_f16_d256, flash_decode_masked_bf16_d256] [(1, 2, 2, false), (1, 4, 3, false)];
     }
     decode_passes {
         combine [flash_decode_combine_f16, flash_decode_combine_bf16];
@@ -613,13 +636,17 @@ mod tests {
     #[test]
     fn names_follow_the_convention_and_are_unique() {
         for k in FWD_KERNELS {
+            let kind = match k.mask {
+                MaskKind::Causal => "",
+                MaskKind::Masked => "masked_",
+            };
             assert_eq!(
                 k.name(KernelDType::F16),
-                format!("flash_fwd_f16_d{}", k.head_dim)
+                format!("flash_fwd_{kind}f16_d{}", k.head_dim)
             );
             assert_eq!(
                 k.name(KernelDType::Bf16),
-                format!("flash_fwd_bf16_d{}", k.head_dim)
+                format!("flash_fwd_{kind}bf16_d{}", k.head_dim)
             );
         }
         let mut names: std::vec::Vec<_> = ALL_KERNELS.iter().map(|k| k.name).collect();

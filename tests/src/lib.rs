@@ -14,7 +14,7 @@ use flash_attn::{AttnParams, DType, Element};
 use ndarray::{Array, Array4, ArrayView, ArrayView3, ArrayView4, Dimension};
 use proptest::prelude::*;
 use proptest::sample::select;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 
 /// How large the random queries and keys are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -226,6 +226,97 @@ fn check_tensor_within<T: Element, U: Element, D: Dimension>(
     }
 }
 
+/// The masks of a random case beyond causal: a sliding window, a softcap and ALiBi slopes,
+/// each present in about a third of the cases (see [`mask_recipes`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MaskRecipe {
+    /// `(left, right)`; `usize::MAX` is unbounded.
+    pub window: Option<(usize, usize)>,
+    /// Logit softcap.
+    pub softcap: Option<f32>,
+    /// ALiBi slopes: none, one per head, or one per (batch entry, head).
+    pub alibi: Alibi,
+    /// Seed of the slopes.
+    pub seed: u64,
+}
+
+/// Which ALiBi slopes a [`MaskRecipe`] draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Alibi {
+    /// No ALiBi.
+    None,
+    /// `[Hq]`.
+    PerHead,
+    /// `[B, Hq]`.
+    PerBatchHead,
+}
+
+impl MaskRecipe {
+    /// No mask beyond causal.
+    pub const NONE: MaskRecipe = MaskRecipe {
+        window: None,
+        softcap: None,
+        alibi: Alibi::None,
+        seed: 0,
+    };
+
+    /// `params` with this recipe's masks for a call of `batch` entries and `heads_q` query
+    /// heads; the slopes (uniform in `[0, 0.5)`, random signs in a tenth) are leaked, a few
+    /// bytes per test case.
+    pub fn apply(&self, params: AttnParams, batch: usize, heads_q: usize) -> AttnParams<'static> {
+        let slopes: Option<&'static [f32]> = match self.alibi {
+            Alibi::None => None,
+            alibi => {
+                let n = if alibi == Alibi::PerHead {
+                    heads_q
+                } else {
+                    batch * heads_q
+                };
+                let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed);
+                let v: Vec<f32> = (0..n)
+                    .map(|_| {
+                        let x = rng.gen::<f32>() * 0.5;
+                        if rng.gen::<f32>() < 0.1 {
+                            -x
+                        } else {
+                            x
+                        }
+                    })
+                    .collect();
+                Some(Box::leak(v.into_boxed_slice()))
+            }
+        };
+        AttnParams {
+            causal: params.causal,
+            softmax_scale: params.softmax_scale,
+            window: self.window,
+            softcap: self.softcap,
+            alibi_slopes: slopes,
+        }
+    }
+}
+
+/// Random [`MaskRecipe`]s: windows with bounded and unbounded sides (small enough that tiles
+/// are skipped at the tests' lengths), caps from 2 to 50, per-head and per-(batch, head)
+/// slopes; each feature absent in about two thirds of the cases.
+pub fn mask_recipes() -> impl Strategy<Value = MaskRecipe> {
+    let side = prop_oneof![4 => 0..80usize, 1 => Just(usize::MAX)];
+    let window = prop_oneof![2 => Just(None), 1 => (side.clone(), side).prop_map(Some)];
+    let softcap =
+        prop_oneof![2 => Just(None), 1 => select(&[2.0f32, 8.0, 30.0, 50.0][..]).prop_map(Some)];
+    let alibi = prop_oneof![
+        4 => Just(Alibi::None),
+        1 => Just(Alibi::PerHead),
+        1 => Just(Alibi::PerBatchHead)
+    ];
+    (window, softcap, alibi, any::<u64>()).prop_map(|(window, softcap, alibi, seed)| MaskRecipe {
+        window,
+        softcap,
+        alibi,
+        seed,
+    })
+}
+
 /// One random problem of the CPU property tests.
 #[derive(Clone, Debug)]
 pub struct Case {
@@ -234,7 +325,7 @@ pub struct Case {
     /// Element type.
     pub dtype: DType,
     /// Causal masking and scale.
-    pub params: AttnParams,
+    pub params: AttnParams<'static>,
     /// Size of Q and K.
     pub magnitude: Magnitude,
     /// Inputs stored head-major (non-standard strides).
@@ -268,10 +359,11 @@ pub fn cases(
         magnitudes,
         any::<bool>(),
         any::<u64>(),
+        mask_recipes(),
     );
     (sizes, options).prop_map(
         |((batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim), o)| {
-            let (dtype, causal, softmax_scale, magnitude, head_major, seed) = o;
+            let (dtype, causal, softmax_scale, magnitude, head_major, seed, masks) = o;
             Case {
                 shape: AttnShape {
                     batch,
@@ -282,10 +374,15 @@ pub fn cases(
                     head_dim,
                 },
                 dtype,
-                params: AttnParams {
-                    causal,
-                    softmax_scale,
-                },
+                params: masks.apply(
+                    AttnParams {
+                        causal,
+                        softmax_scale,
+                        ..AttnParams::default()
+                    },
+                    batch,
+                    heads_q,
+                ),
                 magnitude,
                 head_major,
                 seed,

@@ -73,10 +73,11 @@ proptest! {
 }
 
 /// Params with causal masking and an explicit scale.
-fn params(causal: bool, scale: Option<f32>) -> AttnParams {
+fn params(causal: bool, scale: Option<f32>) -> AttnParams<'static> {
     AttnParams {
         causal,
         softmax_scale: scale,
+        ..AttnParams::default()
     }
 }
 
@@ -251,9 +252,12 @@ fn assert_rejected(
 
 const QKV: [usize; 4] = [2, 5, 4, 8];
 const KV: [usize; 4] = [2, 7, 2, 8];
-const OK: AttnParams = AttnParams {
+const OK: AttnParams<'static> = AttnParams {
     causal: false,
     softmax_scale: None,
+    window: None,
+    softcap: None,
+    alibi_slopes: None,
 };
 
 fn is_shape(e: &FlashError) -> bool {

@@ -123,6 +123,7 @@ fn fully_masked_rows_in<T: Element>() {
     let p = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     let mut rng = StdRng::seed_from_u64(3);
     let (q, k, v) = random_qkv::<T>(&mut rng, &shape, Magnitude::Normal, 0.5);

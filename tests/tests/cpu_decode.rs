@@ -13,7 +13,7 @@ use flash_attn::cpu::{
     attention_naive, attention_reference, attn_with_kvcache_cpu, gather_sequence, CpuKvCache,
 };
 use flash_attn::{AttnParams, DType, Element};
-use flash_attn_tests::{check_accuracy, random_array, to_f64, Magnitude};
+use flash_attn_tests::{check_accuracy, mask_recipes, random_array, to_f64, Magnitude};
 use half::{bf16, f16};
 use ndarray::{s, Array2, Array4};
 use proptest::prelude::*;
@@ -45,7 +45,7 @@ struct Case {
     page_size: Option<usize>,
     /// Rows (contiguous) or table slots (paged) beyond the longest sequence's.
     slack: usize,
-    params: AttnParams,
+    params: AttnParams<'static>,
     magnitude: Magnitude,
     seed: u64,
 }
@@ -71,10 +71,12 @@ fn cases() -> impl Strategy<Value = Case> {
         select(&[None, Some(0.3f32), Some(-0.5)][..]),
         select(&[Magnitude::Normal, Magnitude::Large][..]),
         any::<u64>(),
+        mask_recipes(),
     );
     (sizes, options).prop_map(|(sizes, options)| {
         let (seqlens, seqlen_q, heads, head_dim, appended, page_size) = sizes;
-        let (dtype, slack, causal, softmax_scale, magnitude, seed) = options;
+        let (dtype, slack, causal, softmax_scale, magnitude, seed, masks) = options;
+        let batch = seqlens.len();
         Case {
             dtype,
             seqlens,
@@ -84,10 +86,15 @@ fn cases() -> impl Strategy<Value = Case> {
             appended,
             page_size,
             slack,
-            params: AttnParams {
-                causal,
-                softmax_scale,
-            },
+            params: masks.apply(
+                AttnParams {
+                    causal,
+                    softmax_scale,
+                    ..AttnParams::default()
+                },
+                batch,
+                heads.0,
+            ),
             magnitude,
             seed,
         }
@@ -240,7 +247,7 @@ fn check_case<T: Element>(case: &Case) -> Result<(), String> {
             continue;
         }
         let q_b = q.slice(s![b..b + 1, .., .., ..]);
-        let p = &case.params;
+        let p = &case.params.for_entry(b, case.heads.0);
         let naive = attention_naive(q_b, k.view(), v.view(), p).map_err(fail)?;
         let (q64, k64, v64) = (to_f64(q_b), to_f64(k.view()), to_f64(v.view()));
         let reference = attention_reference(q64.view(), k64.view(), v64.view(), p).map_err(fail)?;

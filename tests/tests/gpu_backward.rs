@@ -18,7 +18,8 @@ use flash_attn_tests::gpu::{
     device as gpu_device, download3, download4, gpu_cases, upload, Layout,
 };
 use flash_attn_tests::{
-    check_gradient_accuracy, random_array, random_qkv, to_f64, Magnitude, GPU_GRADIENT_FACTOR,
+    check_gradient_accuracy, mask_recipes, random_array, random_qkv, to_f64, Magnitude,
+    GPU_GRADIENT_FACTOR,
 };
 use half::{bf16, f16};
 use proptest::prelude::*;
@@ -35,7 +36,7 @@ fn run_case<T: Element>(
     dev: &Device,
     seed: u64,
     shape: AttnShape,
-    params: AttnParams,
+    params: AttnParams<'static>,
     magnitude: Magnitude,
     layout: Layout,
     mode: BwdMode,
@@ -97,7 +98,8 @@ fn run_case<T: Element>(
 
 /// Sizes and options: odd lengths, GQA/MQA, every head dim the GPU backward takes (odd ones
 /// run padded), causal, scales, layouts.
-fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams, Magnitude, Layout)> {
+fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>, Magnitude, Layout)>
+{
     let lens =
         prop::sample::select(&[1usize, 7, 16, 31, 63, 64, 65, 127, 128, 129, 200, 385, 777][..]);
     let heads = prop::sample::select(&[(1usize, 1usize), (2, 1), (4, 2), (3, 3), (8, 1)][..]);
@@ -124,8 +126,7 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams, Magnitu
         dims,
         any::<bool>(),
         scales,
-        mags,
-        layouts,
+        (mags, layouts, mask_recipes()),
     )
         .prop_map(
             |(
@@ -137,8 +138,7 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams, Magnitu
                 head_dim,
                 causal,
                 softmax_scale,
-                mag,
-                layout,
+                (mag, layout, masks),
             )| {
                 let shape = AttnShape {
                     batch,
@@ -151,10 +151,15 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams, Magnitu
                 (
                     seed,
                     shape,
-                    AttnParams {
-                        causal,
-                        softmax_scale,
-                    },
+                    masks.apply(
+                        AttnParams {
+                            causal,
+                            softmax_scale,
+                            ..AttnParams::default()
+                        },
+                        batch,
+                        heads_q,
+                    ),
                     mag,
                     layout,
                 )
@@ -203,6 +208,7 @@ fn every_backward_kernel() {
             let params = AttnParams {
                 causal,
                 softmax_scale: None,
+                ..AttnParams::default()
             };
             run_case::<f16>(
                 dev,
@@ -276,6 +282,7 @@ fn deterministic_mode_is_bit_identical_over_100_runs() {
     let params = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let (q, k, v) = random_qkv::<bf16>(&mut rng, &shape, Magnitude::Normal, 0.088);

@@ -40,6 +40,7 @@ fn device_new_plus_first_forward() {
     let params = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let (q, k, v) = random_qkv::<bf16>(&mut rng, &shape, Magnitude::Normal, 0.088);

@@ -13,7 +13,9 @@ use flash_attn::{
     DecodeOptions, Device, DeviceTensor, Element, FlashError, HostCacheMeta, KvCache, NewKv,
 };
 use flash_attn_tests::gpu::{device as gpu_device, download3, download4, gpu_cases};
-use flash_attn_tests::{check_accuracy, random_array, standard_normal, to_f64};
+use flash_attn_tests::{
+    check_accuracy, mask_recipes, random_array, standard_normal, to_f64, MaskRecipe,
+};
 use half::{bf16, f16};
 use ndarray::{s, Array2, Array3, Array4, ArrayView4, Axis};
 use proptest::prelude::*;
@@ -44,6 +46,8 @@ struct Case {
     splits: Option<usize>,
     /// Validate from a host copy of the lengths and block table (else read back).
     host_meta: bool,
+    /// Window, softcap, ALiBi.
+    masks: MaskRecipe,
 }
 
 /// A cache in host memory: the tensors as uploaded, the block table, and where each
@@ -109,10 +113,15 @@ impl<T: Element> HostCache<T> {
 /// Runs one case and checks O, LSE and the updated cache.
 fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
     let err = |e: FlashError| format!("{c:?}: {e}");
-    let params = AttnParams {
-        causal: c.causal,
-        softmax_scale: c.scale,
-    };
+    let params = c.masks.apply(
+        AttnParams {
+            causal: c.causal,
+            softmax_scale: c.scale,
+            ..AttnParams::default()
+        },
+        c.batch,
+        c.heads_q,
+    );
     let mut rng = rand::rngs::StdRng::seed_from_u64(c.seed);
     let (b, nq, hq, hkv, d) = (c.batch, c.seqlen_q, c.heads_q, c.heads_kv, c.head_dim);
     let room = rng.gen_range(0..40usize);
@@ -214,14 +223,15 @@ fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
         let table = host.table.as_ref().map(|t| t.view());
         let (gk, gv) = gather_sequence(host.k.view(), host.v.view(), table, bi, len);
         let qb = q.slice(s![bi..bi + 1, .., .., ..]).to_owned();
+        let entry = params.for_entry(bi, hq);
         let r = attention_reference(
             to_f64(qb.view()).view(),
             to_f64(gk.view()).view(),
             to_f64(gv.view()).view(),
-            &params,
+            &entry,
         )
         .map_err(err)?;
-        let n = attention_naive(qb.view(), gk.view(), gv.view(), &params).map_err(err)?;
+        let n = attention_naive(qb.view(), gk.view(), gv.view(), &entry).map_err(err)?;
         ref_o
             .index_axis_mut(Axis(0), bi)
             .assign(&r.0.index_axis(Axis(0), 0));
@@ -288,7 +298,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
         splits,
         0u32..100,
         0usize..=3,
-        any::<bool>(),
+        (any::<bool>(), mask_recipes()),
     )
         .prop_map(
             |(
@@ -303,7 +313,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                 splits,
                 size_class,
                 append,
-                host_meta,
+                (host_meta, masks),
             )| {
                 let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x5eed);
                 let (max_len, hq, hkv) = match size_class {
@@ -343,6 +353,7 @@ fn case_strategy() -> impl Strategy<Value = Case> {
                     scale,
                     splits,
                     host_meta,
+                    masks,
                 }
             },
         )
@@ -387,6 +398,16 @@ fn every_decode_kernel_and_split_count() {
                     scale: None,
                     splits: Some(splits),
                     host_meta: page_size.is_some(),
+                    masks: if page_size.is_some() {
+                        MaskRecipe {
+                            window: Some((300, 0)),
+                            softcap: Some(20.0),
+                            alibi: flash_attn_tests::Alibi::PerBatchHead,
+                            seed: splits as u64,
+                        }
+                    } else {
+                        MaskRecipe::NONE
+                    },
                 };
                 run_case::<f16>(dev, &c).unwrap();
                 run_case::<bf16>(dev, &c).unwrap();
@@ -408,6 +429,7 @@ fn forward_with_few_queries_uses_split_kv_correctly() {
         let params = AttnParams {
             causal,
             softmax_scale: None,
+            ..AttnParams::default()
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(nk as u64);
         let q = random_array::<bf16>(&mut rng, [1, nq, hq, d], 1.0);

@@ -13,7 +13,9 @@ use flash_attn::{
 use flash_attn_tests::gpu::{
     device as gpu_device, download3, download4, gpu_cases, upload, Layout,
 };
-use flash_attn_tests::{check_accuracy, max_abs_diff, random_qkv, to_f64, Magnitude};
+use flash_attn_tests::{
+    check_accuracy, mask_recipes, max_abs_diff, random_qkv, to_f64, Alibi, Magnitude, MaskRecipe,
+};
 use half::{bf16, f16};
 use ndarray::Array4;
 use proptest::prelude::*;
@@ -32,13 +34,19 @@ fn run_case<T: Element>(
     shape: AttnShape,
     causal: bool,
     softmax_scale: Option<f32>,
+    masks: MaskRecipe,
     magnitude: Magnitude,
     layout: Layout,
 ) -> Result<(), String> {
-    let params = AttnParams {
-        causal,
-        softmax_scale,
-    };
+    let params = masks.apply(
+        AttnParams {
+            causal,
+            softmax_scale,
+            ..AttnParams::default()
+        },
+        shape.batch,
+        shape.heads_q,
+    );
     let scale = params.scale(shape.head_dim).map_err(|e| e.to_string())?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
@@ -67,7 +75,7 @@ fn run_case<T: Element>(
         let err = |a: ndarray::ArrayView4<f64>| max_abs_diff(a, reference.0.view());
         let _ = writeln!(
             std::io::stderr(),
-            "{shape:?} causal={causal} {magnitude:?} {layout:?}: max|O-ref| ours {:.3e}, naive {:.3e}",
+            "{shape:?} causal={causal} {masks:?} {magnitude:?} {layout:?}: max|O-ref| ours {:.3e}, naive {:.3e}",
             err(to_f64(o.view()).view()),
             err(to_f64(naive.0.view()).view())
         );
@@ -78,7 +86,9 @@ fn run_case<T: Element>(
         (reference.0.view(), reference.1.view()),
     )
     .map_err(|e| {
-        format!("{shape:?} causal={causal} scale={softmax_scale:?} {magnitude:?} {layout:?}: {e}")
+        format!(
+            "{shape:?} causal={causal} scale={softmax_scale:?} {masks:?} {magnitude:?} {layout:?}: {e}"
+        )
     })
 }
 
@@ -107,13 +117,23 @@ fn shape_strategy() -> impl Strategy<Value = AttnShape> {
     )
 }
 
-fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, bool, Option<f32>, Magnitude, Layout)>
-{
+type ForwardCase = (
+    u64,
+    AttnShape,
+    bool,
+    Option<f32>,
+    MaskRecipe,
+    Magnitude,
+    Layout,
+);
+
+fn case_strategy() -> impl Strategy<Value = ForwardCase> {
     (
         any::<u64>(),
         shape_strategy(),
         any::<bool>(),
         prop::sample::select(vec![None, Some(0.3f32), Some(-0.25), Some(0.0)]),
+        mask_recipes(),
         prop::sample::select(vec![Magnitude::Normal, Magnitude::Large]),
         prop::sample::select(vec![
             Layout::Contiguous,
@@ -128,16 +148,16 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: gpu_cases(), ..ProptestConfig::default() })]
 
     #[test]
-    fn forward_f16_matches_reference((seed, shape, causal, scale, mag, layout) in case_strategy()) {
+    fn forward_f16_matches_reference((seed, shape, causal, scale, masks, mag, layout) in case_strategy()) {
         if let Some(dev) = device() {
-            prop_assert_eq!(run_case::<f16>(dev, seed, shape, causal, scale, mag, layout), Ok(()));
+            prop_assert_eq!(run_case::<f16>(dev, seed, shape, causal, scale, masks, mag, layout), Ok(()));
         }
     }
 
     #[test]
-    fn forward_bf16_matches_reference((seed, shape, causal, scale, mag, layout) in case_strategy()) {
+    fn forward_bf16_matches_reference((seed, shape, causal, scale, masks, mag, layout) in case_strategy()) {
         if let Some(dev) = device() {
-            prop_assert_eq!(run_case::<bf16>(dev, seed, shape, causal, scale, mag, layout), Ok(()));
+            prop_assert_eq!(run_case::<bf16>(dev, seed, shape, causal, scale, masks, mag, layout), Ok(()));
         }
     }
 }
@@ -166,6 +186,7 @@ fn every_kernel_instantiation() {
                 shape,
                 causal,
                 None,
+                MaskRecipe::NONE,
                 Magnitude::Normal,
                 Layout::Contiguous,
             )
@@ -176,10 +197,77 @@ fn every_kernel_instantiation() {
                 shape,
                 causal,
                 None,
+                MaskRecipe::NONE,
                 Magnitude::Large,
                 Layout::Contiguous,
             )
             .unwrap();
+        }
+    }
+}
+
+/// Every scored forward kernel (softcap and ALiBi, with a window) and the window alone on the
+/// plain kernels, both dtypes, at sizes that span several tiles.
+#[test]
+fn every_masked_kernel_instantiation() {
+    let Some(dev) = device() else { return };
+    let recipes = [
+        MaskRecipe {
+            window: Some((100, 20)),
+            ..MaskRecipe::NONE
+        },
+        MaskRecipe {
+            window: Some((usize::MAX, 50)),
+            softcap: Some(30.0),
+            alibi: Alibi::PerBatchHead,
+            seed: 5,
+        },
+        MaskRecipe {
+            softcap: Some(8.0),
+            ..MaskRecipe::NONE
+        },
+    ];
+    for d in flash_attn_kernels::registry::FWD_KERNELS
+        .iter()
+        .map(|k| k.head_dim)
+    {
+        for (i, masks) in recipes.into_iter().enumerate() {
+            let shape = AttnShape {
+                batch: 2,
+                seqlen_q: 300,
+                seqlen_k: 333,
+                heads_q: 4,
+                heads_kv: 2,
+                head_dim: d,
+            };
+            let causal = i == 2;
+            for (seed, mag) in [
+                (d as u64, Magnitude::Normal),
+                (d as u64 + 1, Magnitude::Large),
+            ] {
+                run_case::<f16>(
+                    dev,
+                    seed,
+                    shape,
+                    causal,
+                    None,
+                    masks,
+                    mag,
+                    Layout::Contiguous,
+                )
+                .unwrap();
+                run_case::<bf16>(
+                    dev,
+                    seed,
+                    shape,
+                    causal,
+                    None,
+                    masks,
+                    mag,
+                    Layout::Contiguous,
+                )
+                .unwrap();
+            }
         }
     }
 }
@@ -203,6 +291,7 @@ fn fully_masked_rows_are_zero_with_neg_inf_lse() {
         shape,
         true,
         None,
+        MaskRecipe::NONE,
         Magnitude::Normal,
         Layout::Contiguous,
     )
@@ -218,6 +307,7 @@ fn fully_masked_rows_are_zero_with_neg_inf_lse() {
         &AttnParams {
             causal: true,
             softmax_scale: None,
+            ..AttnParams::default()
         },
     )
     .unwrap();
@@ -358,6 +448,7 @@ fn invalid_inputs_are_typed_errors() {
     let bad_scale = AttnParams {
         causal: false,
         softmax_scale: Some(f32::NAN),
+        ..AttnParams::default()
     };
     assert!(matches!(
         flash_attn(dev, &q, &kv, &kv, &bad_scale),
@@ -423,6 +514,7 @@ fn indexing_past_two_to_the_31_elements() {
     let params = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     let (o, lse) = flash_attn(dev, &qkv, &qkv, &qkv, &params).unwrap();
     let (o, lse) = (download4(dev, &o), download3(dev, &lse));
@@ -466,6 +558,7 @@ fn non_finite_inputs_propagate_and_never_look_masked() {
     let params = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let (mut q, mut k, v) = random_qkv::<f16>(&mut rng, &shape, Magnitude::Normal, 0.125);

@@ -14,8 +14,14 @@ sequence owns), random cache lengths (0 included), optionally new keys and value
 queries; `o` and `lse` are held to the same rule against PyTorch on each sequence's keys, and
 the returned caches must equal the expected ones bit for bit.
 
+With --mask-share F (default 0.3), that share of the cases also draws the mask family's
+options: a sliding window (--window L,R, -1 for an unbounded side), a softcap (--softcap C)
+and ALiBi slopes (`alibi_slopes`, F32 [Hq] or [B, Hq], in the input file), each in about
+half of those cases; the PyTorch side applies them the FlashAttention way (softcap on the
+scaled scores, then the bias −slope·|i + Nk − Nq − j|, the window bottom-right aligned).
+
 Usage: cli_vs_torch.py CLI_BINARY [--cases N] [--seed S] [--cpu] [--backward-share F]
-       [--decode-share F]
+       [--decode-share F] [--mask-share F]
 """
 import math
 import os
@@ -30,23 +36,60 @@ from safetensors.torch import load_file, save_file
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 
-def attention(q, k, v, causal, scale):
+def attention(q, k, v, causal, scale, masks=None):
     """Naive attention in q's dtype and device: [B, N, H, d] layout, GQA by repetition.
-    Returns O and the natural-log LSE [B, Hq, Nq] (f32 for low precision)."""
+    `masks` (optional): dict with `window` (left, right; None = unbounded side), `softcap`,
+    `alibi` (slopes [Hq] or [B, Hq], float64). Returns O and the natural-log LSE [B, Hq, Nq]
+    (f32 for low precision)."""
+    masks = masks or {}
     hq, hkv = q.shape[2], k.shape[2]
     k = k.repeat_interleave(hq // hkv, dim=2)
     v = v.repeat_interleave(hq // hkv, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, k) * scale
     nq, nk = q.shape[1], k.shape[1]
+    i = torch.arange(nq, device=q.device)[:, None]
+    j = torch.arange(nk, device=q.device)[None, :]
+    diag = i + nk - nq
+    if masks.get("softcap") is not None:
+        cap = masks["softcap"]
+        s = cap * torch.tanh(s / cap)
+    if masks.get("alibi") is not None:
+        slopes = masks["alibi"].to(device=q.device, dtype=s.dtype)
+        slopes = slopes[None, :, None, None] if slopes.dim() == 1 else slopes[:, :, None, None]
+        s = s - slopes * (diag - j).abs().to(s.dtype)
+    hidden = torch.zeros(nq, nk, dtype=torch.bool, device=q.device)
+    left, right = masks.get("window") or (None, None)
     if causal:
-        i = torch.arange(nq, device=q.device)[:, None]
-        j = torch.arange(nk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + nk - nq, float("-inf"))
+        right = 0 if right is None else min(right, 0)
+    if left is not None:
+        hidden |= j < diag - left
+    if right is not None:
+        hidden |= j > diag + right
+    s = s.masked_fill(hidden, float("-inf"))
     lse = torch.logsumexp(s.float() if s.dtype != torch.float64 else s, dim=-1)
     p = torch.softmax(s, dim=-1)
     p = torch.nan_to_num(p, nan=0.0)  # rows that see no key
     o = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
     return o, lse
+
+
+def draw_masks(rng, b, hq, share):
+    """Random mask-family options (or {} outside `share`), and the CLI flags that set them."""
+    if rng.random() >= share:
+        return {}, []
+    masks, flags = {}, []
+    if rng.random() < 0.5:
+        side = lambda: None if rng.random() < 0.2 else rng.choice([0, 1, 5, 17, 40, 100, 300])
+        left, right = side(), side()
+        masks["window"] = (left, right)
+        flags += ["--window", f"{-1 if left is None else left},{-1 if right is None else right}"]
+    if rng.random() < 0.5:
+        masks["softcap"] = rng.choice([2.0, 10.0, 30.0, 50.0])
+        flags += ["--softcap", repr(masks["softcap"])]
+    if rng.random() < 0.5:
+        shape = [hq] if rng.random() < 0.5 else [b, hq]
+        masks["alibi"] = torch.rand(*shape, dtype=torch.float64) * 0.5
+    return masks, flags
 
 
 def max_err(a, ref):
@@ -117,7 +160,7 @@ def decode_case(rng, dt, cpu):
     return tensors, (expected_k, expected_v), keys, desc
 
 
-def check_decode(got, tensors, expected, keys, causal, sc, dev):
+def check_decode(got, tensors, expected, keys, causal, sc, dev, masks):
     """The decode outputs against PyTorch, sequence by sequence; the caches bit for bit."""
     msgs, ok = [], True
     for name, want in zip(["k_cache", "v_cache"], expected):
@@ -134,8 +177,11 @@ def check_decode(got, tensors, expected, keys, causal, sc, dev):
             ok &= bool(o_ok and lse_ok)
             continue
         kb, vb = gk[None].to(dev), gv[None].to(dev)
-        o_ref, lse_ref = attention(qb.double(), kb.double(), vb.double(), causal, sc)
-        o_lp, lse_lp = attention(qb, kb, vb, causal, sc)
+        entry = dict(masks)
+        if "alibi" in masks and masks["alibi"].dim() == 2:
+            entry["alibi"] = masks["alibi"][bi : bi + 1]
+        o_ref, lse_ref = attention(qb.double(), kb.double(), vb.double(), causal, sc, entry)
+        o_lp, lse_lp = attention(qb, kb, vb, causal, sc, entry)
         for name, ours, ref, lp in [("o", got["o"][bi : bi + 1], o_ref, o_lp), ("lse", got["lse"][bi : bi + 1], lse_ref, lse_lp)]:
             worst[name][0] = max(worst[name][0], max_err(ours.to(dev), ref))
             worst[name][1] = max(worst[name][1], max_err(lp, ref))
@@ -147,6 +193,18 @@ def check_decode(got, tensors, expected, keys, causal, sc, dev):
     return ok, msgs
 
 
+def describe(masks):
+    """A short text of the mask options of a case."""
+    parts = []
+    if "window" in masks:
+        parts.append(f"window={masks['window']}")
+    if "softcap" in masks:
+        parts.append(f"softcap={masks['softcap']}")
+    if "alibi" in masks:
+        parts.append(f"alibi{list(masks['alibi'].shape)}")
+    return ",".join(parts) or "none"
+
+
 def main():
     args = sys.argv[1:]
     cli = args[0]
@@ -154,6 +212,7 @@ def main():
     seed = int(args[args.index("--seed") + 1]) if "--seed" in args else 1
     share = float(args[args.index("--backward-share") + 1]) if "--backward-share" in args else 0.2
     decode_share = float(args[args.index("--decode-share") + 1]) if "--decode-share" in args else 0.0
+    mask_share = float(args[args.index("--mask-share") + 1]) if "--mask-share" in args else 0.3
     cpu = "--cpu" in args
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -167,18 +226,25 @@ def main():
                 tensors, expected, keys, desc = decode_case(rng, dt, cpu)
                 causal = rng.random() < 0.5
                 scale = rng.choice([None, 0.3, -0.2])
+                qs = tensors["q"].shape
+                masks, flags = draw_masks(rng, qs[0], qs[2], mask_share)
                 inp, out = os.path.join(tmp, f"in{case}.safetensors"), os.path.join(tmp, f"out{case}.safetensors")
-                save_file({n: t.contiguous() for n, t in tensors.items()}, inp)
-                cmd = [cli, inp, "-o", out, "--decode"] + (["--causal"] if causal else [])
+                files = dict(tensors)
+                if "alibi" in masks:
+                    files["alibi_slopes"] = masks["alibi"].float()
+                save_file({n: t.contiguous() for n, t in files.items()}, inp)
+                cmd = [cli, inp, "-o", out, "--decode"] + (["--causal"] if causal else []) + flags
                 cmd += (["--scale", repr(scale)] if scale is not None else []) + (["--cpu"] if cpu else [])
-                desc = f"{dtype_name} {desc} causal={causal} scale={scale}"
+                desc = f"{dtype_name} {desc} causal={causal} scale={scale} masks={describe(masks)}"
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 if r.returncode != 0:
                     print(f"FAIL {desc}: exit {r.returncode}: {' | '.join(r.stderr.strip().splitlines())}")
                     failures += 1
                     continue
                 sc = scale if scale is not None else 1.0 / math.sqrt(tensors["q"].shape[3])
-                ok, msgs = check_decode(load_file(out), tensors, expected, keys, causal, sc, dev)
+                if "alibi" in masks:
+                    masks["alibi"] = masks["alibi"].float().double()  # what the CLI read
+                ok, msgs = check_decode(load_file(out), tensors, expected, keys, causal, sc, dev, masks)
                 print(("ok   " if ok else "FAIL ") + desc + ": " + ", ".join(msgs))
                 failures += 0 if ok else 1
                 continue
@@ -197,9 +263,14 @@ def main():
             tensors = {"q": q.to(dt), "k": k.to(dt), "v": v.to(dt)}
             if backward:
                 tensors["do"] = torch.randn(b, nq, hq, d, dtype=torch.float64).to(dt)
+            masks, flags = draw_masks(rng, b, hq, mask_share)
+            files = dict(tensors)
+            if "alibi" in masks:
+                files["alibi_slopes"] = masks["alibi"].float()
+                masks["alibi"] = masks["alibi"].float().double()  # what the CLI reads
             inp, out = os.path.join(tmp, f"in{case}.safetensors"), os.path.join(tmp, f"out{case}.safetensors")
-            save_file({n: t.contiguous() for n, t in tensors.items()}, inp)
-            cmd = [cli, inp, "-o", out]
+            save_file({n: t.contiguous() for n, t in files.items()}, inp)
+            cmd = [cli, inp, "-o", out] + flags
             if causal:
                 cmd.append("--causal")
             if scale is not None:
@@ -209,7 +280,7 @@ def main():
             if backward:
                 cmd.append("--backward")
             r = subprocess.run(cmd, capture_output=True, text=True)
-            desc = f"{dtype_name} B={b} Nq={nq} Nk={nk} Hq={hq} Hkv={hkv} d={d} causal={causal} scale={scale} bwd={backward}"
+            desc = f"{dtype_name} B={b} Nq={nq} Nk={nk} Hq={hq} Hkv={hkv} d={d} causal={causal} scale={scale} bwd={backward} masks={describe(masks)}"
             if r.returncode != 0:
                 print(f"FAIL {desc}: exit {r.returncode}: {r.stderr.strip()}")
                 failures += 1
@@ -218,9 +289,9 @@ def main():
             sc = scale if scale is not None else 1.0 / math.sqrt(d)
             # float64 reference and the same-dtype naive attention, with autograd for backward
             ins = [t.double().to(dev).requires_grad_(backward) for t in (tensors["q"], tensors["k"], tensors["v"])]
-            o_ref, lse_ref = attention(*ins, causal, sc)
+            o_ref, lse_ref = attention(*ins, causal, sc, masks)
             ins_lp = [t.to(dev).requires_grad_(backward) for t in (tensors["q"], tensors["k"], tensors["v"])]
-            o_lp, lse_lp = attention(*ins_lp, causal, sc)
+            o_lp, lse_lp = attention(*ins_lp, causal, sc, masks)
             checks = [("o", got["o"], o_ref, o_lp), ("lse", got["lse"], lse_ref, lse_lp)]
             if backward:
                 g = tensors["do"].to(dev)

@@ -174,6 +174,7 @@ fn bench_dtype<T: Element>(
                 let params = AttnParams {
                     causal,
                     softmax_scale: None,
+                    ..AttnParams::default()
                 };
                 for &(op, mode) in ops {
                     let times = match (op, grads.as_mut()) {

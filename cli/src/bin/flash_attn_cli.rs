@@ -25,7 +25,7 @@ use flash_attn_cli::input::{
 use flash_attn_cli::output::{check_aliases, PendingOutput};
 use flash_attn_cli::CliError;
 use flash_attn_kernels::config::MAX_DECODE_SPLITS;
-use flash_attn_kernels::registry::{self, MaskKind};
+use flash_attn_kernels::registry;
 use half::{bf16, f16};
 use ndarray::{Array1, Array2, Array3, Array4, Ix1, Ix2};
 use safetensors::{tensor::TensorView, Dtype};
@@ -42,10 +42,17 @@ INPUT:
 
 OUTPUT:
     -o FILE (default out.safetensors) holds `o` [B, Nq, Hq, d] (input dtype) and `lse`
-    [B, Hq, Nq] (f32, natural log), with metadata `backend`, `causal` and `softmax_scale`.
+    [B, Hq, Nq] (f32, natural log), with metadata `backend`, `causal`, `softmax_scale`,
+    `window`, `softcap` and `alibi`.
     An output may not be the same file as an input or as another output. Outputs are
     checked before the forward pass and written through a temporary file in the same
     directory, renamed into place, so a failed run leaves existing files as they were.
+
+MASKS:
+    --causal, --window L,R (query i sees keys i + Nk - Nq - L ..= i + Nk - Nq + R; -1: that
+    side unbounded), --softcap C (logits C·tanh(scale·q·k / C)) and ALiBi: the safetensors
+    input's `alibi_slopes` (F32, [Hq] or [B, Hq]; bias -slope·|i + Nk - Nq - j|) when present.
+    They combine, and apply to the forward, --backward and --decode alike.
 
 BACKWARD (--backward):
     Also reads dO (`do`, or --do NAME) [B, Nq, Hq, d], Q's shape and dtype, from the
@@ -119,6 +126,13 @@ struct Args {
     /// Softmax scale [default: 1/sqrt(d)]
     #[arg(long, value_name = "X", allow_negative_numbers = true, value_parser = parse_scale)]
     scale: Option<f32>,
+    /// Sliding window: query i sees keys i + Nk - Nq - LEFT ..= i + Nk - Nq + RIGHT (-1: no
+    /// bound on that side)
+    #[arg(long, value_name = "LEFT,RIGHT", allow_hyphen_values = true, value_parser = parse_window)]
+    window: Option<(usize, usize)>,
+    /// Logit softcap C > 0: the logits are C·tanh(scale·q·k / C)
+    #[arg(long, value_name = "C", value_parser = parse_softcap)]
+    softcap: Option<f32>,
     /// Run on the CPU even when a GPU is present
     #[arg(long)]
     cpu: bool,
@@ -159,6 +173,27 @@ fn parse_scale(s: &str) -> Result<f32, String> {
         Ok(x)
     } else {
         Err(format!("must be finite, got {s}"))
+    }
+}
+
+/// `LEFT,RIGHT` with each side a count of keys or -1 (unbounded).
+fn parse_window(s: &str) -> Result<(usize, usize), String> {
+    let side = |x: &str| match x.trim() {
+        "-1" => Ok(usize::MAX),
+        x => x
+            .parse::<usize>()
+            .map_err(|_| format!("`{x}` is not a window side (a number of keys ≥ 0, or -1)")),
+    };
+    match s.split_once(',') {
+        Some((l, r)) => Ok((side(l)?, side(r)?)),
+        None => Err(format!("`{s}` is not LEFT,RIGHT")),
+    }
+}
+
+fn parse_softcap(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
+        _ => Err(format!("`{s}` is not a finite softcap > 0")),
     }
 }
 
@@ -264,10 +299,8 @@ fn run(args: &Args) -> Result<(), CliError> {
         ];
         let [q, k, v, d_o] = read_safetensors(path, &names)?;
         check_dtypes(&q, [&k, &v, &d_o])?;
-        let params = AttnParams {
-            causal: args.causal,
-            softmax_scale: args.scale,
-        };
+        let alibi = read_alibi(args, &q.shape)?;
+        let params = attn_params(args, alibi.as_deref());
         let raw = [&q, &k, &v, &d_o];
         let out = outputs.safetensors;
         return match q.dtype {
@@ -298,10 +331,8 @@ fn run(args: &Args) -> Result<(), CliError> {
         }
     };
     check_dtypes(&q, [&k, &v])?;
-    let params = AttnParams {
-        causal: args.causal,
-        softmax_scale: args.scale,
-    };
+    let alibi = read_alibi(args, &q.shape)?;
+    let params = attn_params(args, alibi.as_deref());
     match q.dtype {
         DType::F16 => run_typed::<f16>(args, &params, [&q, &k, &v], outputs),
         DType::BF16 => run_typed::<bf16>(args, &params, [&q, &k, &v], outputs),
@@ -309,6 +340,45 @@ fn run(args: &Args) -> Result<(), CliError> {
         DType::I32 => unreachable!("the readers read float tensors only"),
     }
 }
+
+/// The options of the call, with `alibi` the slopes from [`read_alibi`].
+fn attn_params<'a>(args: &Args, alibi: Option<&'a [f32]>) -> AttnParams<'a> {
+    AttnParams {
+        causal: args.causal,
+        softmax_scale: args.scale,
+        window: args.window,
+        softcap: args.softcap,
+        alibi_slopes: alibi,
+    }
+}
+
+/// The ALiBi slopes `alibi_slopes` of the safetensors input (F32, `[Hq]` or `[B, Hq]` for Q of
+/// shape `q_shape`), or `None` when it has none (or the input is .npy files).
+fn read_alibi(args: &Args, q_shape: &[usize]) -> Result<Option<Vec<f32>>, CliError> {
+    let Some(path) = &args.input else {
+        return Ok(None);
+    };
+    let file = SafetensorsFile::read(path)?;
+    let Some(t) = file.tensor(ALIBI_NAME, &[DType::F32], "alibi_slopes must be F32")? else {
+        return Ok(None);
+    };
+    let (b, hq) = (q_shape[0], q_shape[2]);
+    if t.shape != [hq] && t.shape != [b, hq] {
+        return Err(CliError::Attention(format!(
+            "alibi_slopes is {:?}, expected [{hq}] ([Hq]) or [{b}, {hq}] ([B, Hq])",
+            t.shape
+        )));
+    }
+    let slopes = t.bytes.chunks_exact(4);
+    Ok(Some(
+        slopes
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect(),
+    ))
+}
+
+/// The name of the ALiBi slopes in the safetensors input.
+const ALIBI_NAME: &str = "alibi_slopes";
 
 /// Fails unless every tensor of `others` has Q's dtype.
 fn check_dtypes<const N: usize>(q: &RawTensor, others: [&RawTensor; N]) -> Result<(), CliError> {
@@ -549,6 +619,19 @@ fn metadata<const N: usize>(
         ("backend".to_string(), backend),
         ("causal".to_string(), params.causal.to_string()),
         ("softmax_scale".to_string(), scale.to_string()),
+        ("window".to_string(), {
+            let (l, r) = params.window_bounds();
+            let side = |x: u32| if x == u32::MAX { -1 } else { i64::from(x) };
+            format!("{},{}", side(l), side(r))
+        }),
+        (
+            "softcap".to_string(),
+            params.softcap.map_or("none".into(), |c| c.to_string()),
+        ),
+        (
+            "alibi".to_string(),
+            params.alibi_slopes.is_some().to_string(),
+        ),
     ]
     .into_iter()
     .chain(extra.into_iter().map(|(k, v)| (k.to_string(), v)))
@@ -601,7 +684,7 @@ fn run_backward<T: FileElement>(
         .check_backward_inputs(&shape.q_dims(), &dims(&d_o), &shape.lse_dims())
         .map_err(|e| CliError::Attention(format!("{e} (tensor `{}`)", raw[3].name)))?;
     let scale = params.scale(shape.head_dim).map_err(attention)?;
-    let gpu_backward = registry::bwd_kernel(shape.head_dim, MaskKind::Causal).is_some();
+    let gpu_backward = registry::bwd_kernel(shape.head_dim, params.mask_kind()).is_some();
     let backend = if !gpu_backward {
         eprintln!(
             "flash-attn-cli: backward: CPU backend (no GPU backward kernel for head dim {})",
@@ -762,15 +845,13 @@ fn decode_typed<T: FileElement>(
         },
         new_kv,
     };
-    let params = AttnParams {
-        causal: args.causal,
-        softmax_scale: args.scale,
-    };
+    let alibi = read_alibi(args, raw.q.shape.as_slice())?;
+    let params = attn_params(args, alibi.as_deref());
     let options = DecodeOptions {
         num_splits: args.num_splits,
     };
     let head_dim = inputs.q.dim().3;
-    let gpu_kernel = registry::decode_kernel(head_dim, MaskKind::Causal).is_some();
+    let gpu_kernel = registry::decode_kernel(head_dim, params.mask_kind()).is_some();
     let backend = if !gpu_kernel && !args.cpu && T::DTYPE != DType::F32 {
         eprintln!(
             "flash-attn-cli: decode: CPU backend (no GPU decode kernel for head dim {head_dim})"

@@ -3,7 +3,7 @@
 //! accuracy rule for gradients.
 //!
 //! Per (batch, query head), with `P` the forward's probabilities (recomputed here from Q and K,
-//! masked by the restated causal rule of [`visible_keys`]):
+//! masked and modified by the restated rules of [`RefMask`]):
 //! `D = rowsum(dO ∘ O)`, `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)` (zero where masked),
 //! `dQ = scale·dS·K`, `dK += scale·dSᵀ·Q`; dK and dV of a key/value head sum over the query
 //! heads that share it (GQA/MQA).
@@ -12,7 +12,7 @@ use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array4, ArrayView3, ArrayView4, Dim, Zip};
 
 use crate::cpu::alloc;
-use crate::cpu::reference::{round_to, softmax_in_place, visible_keys, Precision, Real, EXACT};
+use crate::cpu::reference::{round_to, softmax_in_place, Precision, Real, RefMask, EXACT};
 use crate::cpu::validate::check_inputs;
 use crate::dtype::Element;
 use crate::error::Result;
@@ -107,6 +107,7 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
     let mut vh = alloc::array(Dim([nk, d]), A::ZERO, "reference V")?;
     let mut doh = alloc::array(Dim([nq, d]), A::ZERO, "reference dO")?;
     let mut p = alloc::array(Dim([nq, nk]), A::ZERO, "reference probabilities")?;
+    let mut raw = alloc::array(Dim([nq, nk]), A::ZERO, "reference scores")?;
     let mut ds = alloc::array(Dim([nq, nk]), A::ZERO, "reference dS")?;
     let mut oh = alloc::array(Dim([nq, d]), A::ZERO, "reference O")?;
     let mut dqh = alloc::array(Dim([nq, d]), A::ZERO, "reference dQ")?;
@@ -117,23 +118,28 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
             kh.zip_mut_with(&k.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
             vh.zip_mut_with(&v.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
             doh.zip_mut_with(&d_o.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
-            // The forward: P (zero beyond each row's visible keys) and O = P·V.
+            // The forward: P (zero beyond each row's visible keys) and O = P·V. `p` holds the
+            // raw scores first (kept in `raw` for the softcap's derivative), then the logits.
             general_mat_mul(A::one(), &qh, &kh.t(), A::ZERO, &mut p);
-            p.mapv_inplace(|x| (prec.scores)(x) * scale);
+            let mask = RefMask::new(params, &shape, (b, h), scale_to_acc)?;
+            raw.assign(&p);
+            mask.logits(&mut p, scale, prec.scores);
             match &given {
                 None => {
                     for (i, row) in p.outer_iter_mut().enumerate() {
-                        softmax_in_place(row, visible_keys(&shape, params.causal, i), prec.probs);
+                        softmax_in_place(row, mask.visible(i), prec.probs);
                     }
                     general_mat_mul(A::one(), &p, &vh, A::ZERO, &mut oh);
                     oh.mapv_inplace(prec.probs);
                 }
                 Some((o, lse)) => {
                     for (i, mut row) in p.outer_iter_mut().enumerate() {
-                        let (seen, lse) = (visible_keys(&shape, params.causal, i), lse[[b, h, i]]);
-                        let seen = if lse == A::NEG_INF { 0 } else { seen };
-                        row.slice_mut(s![..seen]).mapv_inplace(|s| (s - lse).exp());
-                        row.slice_mut(s![seen..]).fill(A::ZERO);
+                        let (seen, lse) = (mask.visible(i), lse[[b, h, i]]);
+                        let seen = if lse == A::NEG_INF { 0..0 } else { seen };
+                        row.slice_mut(s![seen.clone()])
+                            .mapv_inplace(|s| (s - lse).exp());
+                        row.slice_mut(s![..seen.start]).fill(A::ZERO);
+                        row.slice_mut(s![seen.end..]).fill(A::ZERO);
                     }
                     oh.zip_mut_with(&o.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
                 }
@@ -147,16 +153,22 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
                 &mut dv.slice_mut(s![b, .., kv, ..]),
             );
             general_mat_mul(A::one(), &doh, &vh.t(), A::ZERO, &mut ds);
-            // dS = P ∘ (dP − D), D = rowsum(dO ∘ O); zero (not 0·x) where the row cannot see.
+            // dS = P ∘ (dP − D), D = rowsum(dO ∘ O), times the softcap's derivative; zero (not
+            // 0·x) where the row cannot see.
             for (i, (mut ds_row, p_row)) in ds.outer_iter_mut().zip(p.outer_iter()).enumerate() {
                 let delta = Zip::from(doh.row(i))
                     .and(oh.row(i))
                     .fold(A::ZERO, |s, &x, &y| s + x * y);
-                let seen = visible_keys(&shape, params.causal, i);
-                Zip::from(ds_row.slice_mut(s![..seen]))
-                    .and(p_row.slice(s![..seen]))
-                    .for_each(|ds, &p| *ds = (prec.probs)((prec.probs)(*ds) - delta) * p);
-                ds_row.slice_mut(s![seen..]).fill(A::ZERO);
+                let seen = mask.visible(i);
+                Zip::from(ds_row.slice_mut(s![seen.clone()]))
+                    .and(p_row.slice(s![seen.clone()]))
+                    .and(raw.row(i).slice(s![seen.clone()]))
+                    .for_each(|ds, &p, &s| {
+                        *ds =
+                            (prec.probs)((prec.probs)(*ds) - delta) * p * mask.logit_grad(s, scale)
+                    });
+                ds_row.slice_mut(s![..seen.start]).fill(A::ZERO);
+                ds_row.slice_mut(s![seen.end..]).fill(A::ZERO);
             }
             ds.mapv_inplace(prec.probs);
             // dQ = scale·dS·K; dK += scale·dSᵀ·Q.

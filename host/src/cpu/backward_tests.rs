@@ -65,13 +65,14 @@ const SMALL: &[(usize, usize, usize, usize, usize)] = &[
 ];
 
 /// The params of the gradient checks: causal or not, default, negative and zero scales.
-fn param_grid() -> Vec<AttnParams> {
+fn param_grid() -> Vec<AttnParams<'static>> {
     let mut all = Vec::new();
     for causal in [false, true] {
         for softmax_scale in [None, Some(-0.7), Some(0.0)] {
             all.push(AttnParams {
                 causal,
                 softmax_scale,
+                ..AttnParams::default()
             });
         }
     }
@@ -169,6 +170,7 @@ fn tiled_backward_meets_the_accuracy_rule() {
             let p = AttnParams {
                 causal,
                 softmax_scale: None,
+                ..AttnParams::default()
             };
             check_tiled(dims, &p, 7);
         }
@@ -181,6 +183,7 @@ fn rows_that_see_no_key_get_exactly_zero_gradient_and_nothing_is_nan() {
     let p = AttnParams {
         causal: true,
         softmax_scale: None,
+        ..AttnParams::default()
     };
     let f32s = |a: Array4<f64>| a.mapv(|x| x as f32);
     let (q, k, v, g) = (
@@ -238,6 +241,7 @@ fn into_overwrites_every_element_and_is_deterministic() {
     let p = AttnParams {
         causal: true,
         softmax_scale: Some(0.4),
+        ..AttnParams::default()
     };
     let f32s = |a: Array4<f64>| a.mapv(|x| x as f32);
     let (q, k, v, g) = (

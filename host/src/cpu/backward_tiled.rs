@@ -19,7 +19,7 @@
 
 use std::ops::Range;
 
-use flash_attn_kernels::mask::{AttnMask, CausalMask};
+use flash_attn_kernels::mask::AttnMask;
 use ndarray::{s, ArrayView1, ArrayView2, ArrayView3, ArrayView4, ArrayViewMut2};
 use ndarray::{ArrayViewMut4, Axis, Dim};
 
@@ -30,6 +30,7 @@ use crate::cpu::tiled::{run_parallel, BLOCK_M, BLOCK_N};
 use crate::cpu::validate::{check_backward_inputs, check_gradients, check_inputs};
 use crate::dtype::Element;
 use crate::error::Result;
+use crate::mask::{with_cpu_mask, CpuMask, CpuScores};
 use crate::params::AttnParams;
 use crate::shape::AttnShape;
 
@@ -57,6 +58,7 @@ pub fn attention_backward_cpu<T: Element>(
     let shape = check_inputs(&q, &k, &v)?;
     check_backward_inputs(&shape, &o, &d_o, &lse)?;
     params.scale_log2(shape.head_dim)?;
+    params.check_masks(shape.batch, shape.heads_q)?;
     let mut dq = alloc::array(Dim(shape.q_dims()), T::default(), "gradient dQ")?;
     let mut dk = alloc::array(Dim(shape.kv_dims()), T::default(), "gradient dK")?;
     let mut dv = alloc::array(Dim(shape.kv_dims()), T::default(), "gradient dV")?;
@@ -94,14 +96,9 @@ pub fn attention_backward_cpu_into<T: Element>(
     let shape = check_inputs(&q, &k, &v)?;
     check_backward_inputs(&shape, &o, &d_o, &lse)?;
     check_gradients(&shape, &dq, &dk, &dv)?;
-    let scale = params.scale(shape.head_dim)?;
+    let scale = params.kernel_grad_scale(shape.head_dim)?;
     let scale_log2 = params.scale_log2(shape.head_dim)?;
-    let mask = CausalMask {
-        seqlen_q: shape.seqlen_q as u32,
-        seqlen_k: shape.seqlen_k as u32,
-        causal: params.causal,
-    };
-    let schedule = KeySchedule::new(&mask, &shape)?;
+    params.check_masks(shape.batch, shape.heads_q)?;
     let group = shape.group_size();
     let n_jobs = alloc::numel::<KvHeadJob<T>>(&[shape.batch, shape.heads_kv], "CPU jobs")?;
     let mut jobs = alloc::with_capacity(n_jobs, "CPU jobs")?;
@@ -123,6 +120,7 @@ pub fn attention_backward_cpu_into<T: Element>(
                     d_o: d_o.slice(s![b, .., h, ..]),
                     lse: lse.slice(s![b, h, ..]),
                     dq: dq_heads.next().expect("Hq = Hkv·group query heads"),
+                    slope: params.slope(b, h, shape.heads_q),
                 });
             }
             jobs.push(KvHeadJob {
@@ -135,13 +133,17 @@ pub fn attention_backward_cpu_into<T: Element>(
         }
     }
     let new_state = || KeyTile::new(&shape);
-    let step = Step {
-        mask: &mask,
-        schedule: &schedule,
-        scale,
-        scale_log2,
-    };
-    run_parallel(jobs, new_state, |job, tile| job.run(tile, &step))
+    with_cpu_mask!(params, M => {
+        let mask = M::of_params(params, shape.head_dim, shape.seqlen_q, shape.seqlen_k)?;
+        let schedule = KeySchedule::new(&mask, &shape)?;
+        let step = Step {
+            mask: &mask,
+            schedule: &schedule,
+            scale,
+            scale_log2,
+        };
+        run_parallel(jobs, new_state, |job, tile| job.run(tile, &step))
+    })
 }
 
 /// Which query tiles visit each key tile: the forward's [`AttnMask::key_tiles`] per query
@@ -156,7 +158,7 @@ struct KeySchedule {
 
 impl KeySchedule {
     /// The schedule of `mask` for tiles of [`BLOCK_M`] × [`BLOCK_N`].
-    fn new(mask: &CausalMask, shape: &AttnShape) -> Result<Self> {
+    fn new<M: AttnMask>(mask: &M, shape: &AttnShape) -> Result<Self> {
         let (bm, bn) = (BLOCK_M as u32, BLOCK_N as u32);
         let m_tiles = shape.seqlen_q.div_ceil(BLOCK_M);
         let n_tiles = shape.seqlen_k.div_ceil(BLOCK_N);
@@ -195,12 +197,13 @@ impl KeySchedule {
 }
 
 /// What every job shares: the mask policy, the schedule and the scale.
-struct Step<'a> {
+struct Step<'a, M> {
     /// The forward's mask.
-    mask: &'a CausalMask,
+    mask: &'a M,
     /// Query tiles per key tile.
     schedule: &'a KeySchedule,
-    /// `scale`, applied to dK and dQ at the end.
+    /// Applied to dK and dQ at the end: the softmax scale, or 1 for masks whose scores carry
+    /// it (see [`AttnParams::kernel_grad_scale`]).
     scale: f32,
     /// `scale·log2 e`, applied to the scores as in the forward pass.
     scale_log2: f32,
@@ -218,6 +221,8 @@ struct QueryHead<'a, T> {
     lse: ArrayView1<'a, f32>,
     /// Gradient of the query rows `[Nq, d]`.
     dq: ArrayViewMut2<'a, T>,
+    /// The head's ALiBi slope (0 without ALiBi).
+    slope: f32,
 }
 
 /// One (batch, key/value head): its keys and values `[Nk, d]`, their gradients, and the query
@@ -237,7 +242,7 @@ struct KvHeadJob<'a, T> {
 
 impl<T: Element> KvHeadJob<'_, T> {
     /// The tiled backward pass of one key/value head: key tiles outside, query tiles inside.
-    fn run(mut self, tile: &mut KeyTile, step: &Step) {
+    fn run<M: AttnMask>(mut self, tile: &mut KeyTile, step: &Step<M>) {
         let (seqlen_q, seqlen_k) = (tile.seqlen_q, self.k.nrows());
         tile.pre_pass(&self.heads);
         for n_block in 0..step.schedule.key_tiles() {
@@ -254,8 +259,12 @@ impl<T: Element> KvHeadJob<'_, T> {
                         idx(n_block),
                         BLOCK_N as u32,
                     );
-                    let mask = needs_mask.then_some(step.mask);
-                    tile.visit_queries(head, h, rows, step.scale_log2, mask);
+                    let scores = CpuScores {
+                        mask: step.mask,
+                        slope: head.slope,
+                        scale_log2: step.scale_log2,
+                    };
+                    tile.visit_queries(head, h, rows, &scores, needs_mask);
                 }
             }
             tile.finish_keys(
@@ -367,8 +376,10 @@ impl KeyTile {
     }
 
     /// Folds the query rows `rows` of head `h` (the job's `h`-th query head) into the key
-    /// tile's dK and dV and into the rows' dQ. With `mask`, the keys it hides from a row are
-    /// skipped for that row (before the exponential: a hidden score is never computed).
+    /// tile's dK and dV and into the rows' dQ, scores turned into logits by `scores` (dS
+    /// times the derivative of the mask's score modifier). With `needs_mask`, the keys the
+    /// mask hides from a row are skipped for that row (before the exponential: a hidden score
+    /// is never computed).
     ///
     /// The exponent `scale_log2·s − LSE·log2 e` is formed in f64: both terms are about as
     /// large as the largest score (±100 in base 2 is common), where an f32 rounding is worth
@@ -379,8 +390,8 @@ impl KeyTile {
         head: &QueryHead<T>,
         h: usize,
         rows: Range<usize>,
-        scale_log2: f32,
-        mask: Option<&M>,
+        scores: &CpuScores<M>,
+        needs_mask: bool,
     ) {
         let (d, n, key0) = (self.d, self.keys, self.key0);
         load_rows(head.q, rows.clone(), &mut self.q);
@@ -402,12 +413,12 @@ impl KeyTile {
                 .chunks_exact_mut(d)
                 .zip(self.dv_part.chunks_exact_mut(d));
             for (c, ((k_row, v_row), (dk_row, dv_row))) in keys.zip(parts).enumerate() {
-                if mask.is_some_and(|m| !m.visible(idx(row), idx(key0 + c))) {
+                if needs_mask && !scores.mask.visible(idx(row), idx(key0 + c)) {
                     continue;
                 }
-                let exponent = f64::from(dot(q_row, k_row)) * f64::from(scale_log2) - lse_log2;
-                let p = (exponent as f32).exp2();
-                let ds = p * (dot(do_row, v_row) - delta);
+                let (logit2, grad) = scores.logit2_and_grad(row, key0 + c, dot(q_row, k_row));
+                let p = ((logit2 - lse_log2) as f32).exp2();
+                let ds = p * (dot(do_row, v_row) - delta) * grad;
                 axpy(dv_row, p, do_row);
                 axpy(dk_row, ds, q_row);
                 axpy(&mut self.dq_part, ds, k_row);

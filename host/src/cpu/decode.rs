@@ -70,6 +70,8 @@ pub fn attn_with_kvcache_cpu<T: Element>(
     } = cache;
     let call = check_call(&q, &k.view(), &v.view(), seqlens, block_table, new_kv)?;
     params.scale_log2(call.head_dim)?;
+    let (batch, heads_q) = (q.dim().0, q.dim().2);
+    params.check_masks(batch, heads_q)?;
     let [batch, seqlen_q, heads_q, head_dim] = q.dim().into();
     let mut o = alloc::array(
         Dim([batch, seqlen_q, heads_q, head_dim]),
@@ -129,7 +131,7 @@ pub fn attn_with_kvcache_cpu<T: Element>(
             q.slice(s![b..b + 1, .., .., ..]),
             k_b,
             v_b,
-            params,
+            &params.for_entry(b, heads_q),
             o.slice_mut(s![b..b + 1, .., .., ..]),
             lse.slice_mut(s![b..b + 1, .., ..]),
         )?;
@@ -353,14 +355,20 @@ mod tests {
         })
     }
 
-    const PLAIN: AttnParams = AttnParams {
+    const PLAIN: AttnParams<'static> = AttnParams {
         causal: false,
         softmax_scale: None,
+        window: None,
+        softcap: None,
+        alibi_slopes: None,
     };
 
-    const CAUSAL: AttnParams = AttnParams {
+    const CAUSAL: AttnParams<'static> = AttnParams {
         causal: true,
         softmax_scale: Some(0.4),
+        window: None,
+        softcap: None,
+        alibi_slopes: None,
     };
 
     /// A paged copy of a contiguous cache `[B, cap, H, d]`: pages of `page_size` rows,
@@ -579,7 +587,7 @@ mod tests {
         seqlens: Vec<i32>,
         table: Option<Array2<i32>>,
         new: Option<(Array4<f32>, Array4<f32>)>,
-        params: AttnParams,
+        params: AttnParams<'static>,
     }
 
     impl Call {

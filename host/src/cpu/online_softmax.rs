@@ -5,6 +5,8 @@
 use std::ops::Range;
 
 use flash_attn_kernels::mask::AttnMask;
+
+use crate::mask::CpuScores;
 use ndarray::{s, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
 use crate::cpu::alloc::{filled, numel, with_capacity};
@@ -81,9 +83,9 @@ impl QueryTile {
         self.acc.resize(self.rows * self.d, 0.0);
     }
 
-    /// Folds the keys `keys` of `k` and `v` (`[Nk, d]`) into the tile's state. With `mask`,
-    /// keys it hides from a row are skipped for that row (neither their K nor their V is
-    /// read for it). The tile's probabilities and `P·V` are summed tile-locally and added to
+    /// Folds the keys `keys` of `k` and `v` (`[Nk, d]`) into the tile's state, scores turned
+    /// into logits by `scores`. With `needs_mask`, keys the mask hides from a row are skipped
+    /// for that row (neither their K nor their V is read for it). The tile's probabilities and `P·V` are summed tile-locally and added to
     /// the running sums once, as the GPU's tensor-core accumulation does: adding one key at a
     /// time to a sum over 10⁶ keys loses most of each term's bits in f32.
     pub(crate) fn visit_keys<T: Element, M: AttnMask>(
@@ -91,8 +93,8 @@ impl QueryTile {
         k: ArrayView2<T>,
         v: ArrayView2<T>,
         keys: Range<usize>,
-        scale_log2: f32,
-        mask: Option<&M>,
+        scores: &CpuScores<M>,
+        needs_mask: bool,
     ) {
         let key0 = keys.start;
         let n = keys.len();
@@ -101,14 +103,14 @@ impl QueryTile {
         let d = self.d;
         for r in 0..self.rows {
             let row = self.row0 + r;
-            let visible = |c: usize| mask.is_none_or(|m| m.visible(idx(row), idx(key0 + c)));
+            let visible = |c: usize| !needs_mask || scores.mask.visible(idx(row), idx(key0 + c));
             let s = &mut self.scores[r * self.block_n..r * self.block_n + n];
             let q_row = &self.q[r * d..(r + 1) * d];
             let mut any_visible = false;
             for (c, (s, k_row)) in s.iter_mut().zip(self.k.chunks_exact(d)).enumerate() {
                 *s = if visible(c) {
                     any_visible = true;
-                    dot(q_row, k_row) * scale_log2
+                    scores.logit2(row, key0 + c, dot(q_row, k_row))
                 } else {
                     f32::NEG_INFINITY
                 };

@@ -2,12 +2,14 @@
 //! algorithm in an element type `T`, whose error is the yardstick of the accuracy rule.
 //!
 //! Both are one generic routine parametrised by a [`Precision`]: where values are loaded, and
-//! where scores, probabilities and outputs are rounded. The causal rule is restated here
-//! ([`visible_keys`]) instead of taken from the kernels' mask policy, so that the oracle checks
-//! that policy rather than repeating it.
+//! where scores, probabilities and outputs are rounded. The mask rules (window, causal,
+//! softcap, ALiBi) are restated here ([`RefMask`]) instead of taken from the kernels' mask
+//! types, so that the oracle checks those types rather than repeating them.
 
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
-use ndarray::{s, Array3, Array4, ArrayView4, ArrayViewMut1, Dim, LinalgScalar, Zip};
+use std::ops::Range;
+
+use ndarray::{s, Array2, Array3, Array4, ArrayView4, ArrayViewMut1, Dim, LinalgScalar, Zip};
 
 use crate::cpu::alloc;
 use crate::cpu::validate::check_inputs;
@@ -62,6 +64,8 @@ pub(crate) trait Real: LinalgScalar + PartialOrd {
     fn exp(self) -> Self;
     /// Natural logarithm.
     fn ln(self) -> Self;
+    /// Hyperbolic tangent.
+    fn tanh(self) -> Self;
 }
 
 impl Real for f32 {
@@ -77,6 +81,9 @@ impl Real for f32 {
     fn ln(self) -> Self {
         f32::ln(self)
     }
+    fn tanh(self) -> Self {
+        f32::tanh(self)
+    }
 }
 
 impl Real for f64 {
@@ -91,6 +98,9 @@ impl Real for f64 {
     }
     fn ln(self) -> Self {
         f64::ln(self)
+    }
+    fn tanh(self) -> Self {
+        f64::tanh(self)
     }
 }
 
@@ -146,15 +156,15 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
             kh.zip_mut_with(&k.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
             vh.zip_mut_with(&v.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
             general_mat_mul(A::one(), &qh, &kh.t(), A::ZERO, &mut scores);
-            scores.mapv_inplace(|x| (prec.scores)(x) * scale);
+            let mask = RefMask::new(params, &shape, (b, h), scale_to_acc)?;
+            mask.logits(&mut scores, scale, prec.scores);
             for (i, row) in scores.outer_iter_mut().enumerate() {
-                let seen = visible_keys(&shape, params.causal, i);
-                lse[[b, h, i]] = softmax_in_place(row, seen, prec.probs);
+                lse[[b, h, i]] = softmax_in_place(row, mask.visible(i), prec.probs);
             }
             for (i, p) in scores.outer_iter().enumerate() {
                 // Only the visible keys: a masked key's V must not reach the row (0·NaN).
-                let seen = visible_keys(&shape, params.causal, i);
-                let (p, v_seen) = (p.slice(s![..seen]), vh.slice(s![..seen, ..]));
+                let seen = mask.visible(i);
+                let (p, v_seen) = (p.slice(s![seen.clone()]), vh.slice(s![seen, ..]));
                 general_mat_vec_mul(A::one(), &v_seen.t(), &p, A::ZERO, &mut o);
                 let dst = out.slice_mut(s![b, i, h, ..]);
                 Zip::from(dst)
@@ -166,30 +176,93 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
     Ok((out, lse))
 }
 
-/// How many keys query row `i` sees (always a prefix `0..n`): all of them without causal
-/// masking, else those with `j ≤ i + Nk − Nq` (bottom-right alignment).
-pub(crate) fn visible_keys(shape: &AttnShape, causal: bool, i: usize) -> usize {
-    if !causal {
-        return shape.seqlen_k;
-    }
-    let end = i as i128 + shape.seqlen_k as i128 - shape.seqlen_q as i128 + 1;
-    end.clamp(0, shape.seqlen_k as i128) as usize
+/// The mask of one (batch, head) restated for the references: which keys each row sees and
+/// how a scaled score becomes a logit, in the references' precision `A`.
+pub(crate) struct RefMask<A> {
+    /// `(Nq, Nk)`.
+    lens: (usize, usize),
+    /// The window `(left, right)` with causal folded in (see [`AttnParams::window_bounds`]).
+    window: (u32, u32),
+    /// The softcap, if any.
+    softcap: Option<A>,
+    /// The head's ALiBi slope (0 without).
+    slope: A,
+    /// Converts an f32 into `A`.
+    to_acc: fn(f32) -> A,
 }
 
-/// Replaces a row of scores, of which the first `seen` are visible, by its softmax
+impl<A: Real> RefMask<A> {
+    /// The mask of batch entry `b`, query head `h`.
+    pub(crate) fn new(
+        params: &AttnParams,
+        shape: &AttnShape,
+        (b, h): (usize, usize),
+        to_acc: fn(f32) -> A,
+    ) -> Result<Self> {
+        params.check_masks(shape.batch, shape.heads_q)?;
+        Ok(Self {
+            lens: (shape.seqlen_q, shape.seqlen_k),
+            window: params.window_bounds(),
+            softcap: params.softcap.map(to_acc),
+            slope: to_acc(params.slope(b, h, shape.heads_q)),
+            to_acc,
+        })
+    }
+
+    /// The keys row `i` sees: `[i + Nk − Nq − left, i + Nk − Nq + right]` within `0..Nk`.
+    pub(crate) fn visible(&self, i: usize) -> Range<usize> {
+        let (nq, nk) = (self.lens.0 as i128, self.lens.1 as i128);
+        let diag = i as i128 + nk - nq;
+        let first = (diag - self.window.0 as i128).clamp(0, nk);
+        let end = (diag + self.window.1 as i128 + 1).clamp(first, nk);
+        first as usize..end as usize
+    }
+
+    /// Replaces raw scores `s` (rows × keys, rounded by `round`) by logits:
+    /// `softcap(scale·s) − slope·|i + Nk − Nq − j|`, each step rounded by `round`.
+    pub(crate) fn logits(&self, scores: &mut Array2<A>, scale: A, round: fn(A) -> A) {
+        let shift = self.lens.1 as f64 - self.lens.0 as f64;
+        for ((i, j), x) in scores.indexed_iter_mut() {
+            let mut y = round(*x) * scale;
+            if let Some(cap) = self.softcap {
+                y = round(cap * (y / cap).tanh());
+            }
+            if self.slope != A::ZERO {
+                let dist = (self.to_acc)((i as f64 + shift - j as f64).abs() as f32);
+                y = round(y - self.slope * dist);
+            }
+            *x = y;
+        }
+    }
+
+    /// The derivative of the logit with respect to the scaled score at raw score `s`:
+    /// `1 − tanh²(scale·s / cap)` with a softcap, else 1.
+    pub(crate) fn logit_grad(&self, s: A, scale: A) -> A {
+        match self.softcap {
+            Some(cap) => {
+                let t = (s * scale / cap).tanh();
+                A::one() - t * t
+            }
+            None => A::one(),
+        }
+    }
+}
+
+/// Replaces a row of scores, of which those in `seen` are visible, by its softmax
 /// probabilities (rounded by `round`) and returns its log-sum-exp. A row with nothing visible
 /// becomes all zeros with LSE −∞. A NaN or +∞ visible score, or visible scores that are all
 /// −∞, make the row's probabilities and LSE NaN (the rule on [`AttnParams`]).
 pub(crate) fn softmax_in_place<A: Real>(
     mut row: ArrayViewMut1<A>,
-    seen: usize,
+    seen: Range<usize>,
     round: fn(A) -> A,
 ) -> A {
-    row.slice_mut(s![seen..]).fill(A::ZERO);
-    if seen == 0 {
+    row.slice_mut(s![..seen.start]).fill(A::ZERO);
+    row.slice_mut(s![seen.end..]).fill(A::ZERO);
+    if seen.is_empty() {
         return A::NEG_INF;
     }
-    let mut visible = row.slice_mut(s![..seen]);
+    let mut visible = row.slice_mut(s![seen]);
     let max = visible.iter().fold(A::NEG_INF, |m, &x| {
         if m.is_nan() || x.is_nan() {
             A::NAN

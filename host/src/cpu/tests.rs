@@ -32,14 +32,20 @@ fn all_three(
     [wide(tiled), wide(naive), reference.unwrap()]
 }
 
-const PLAIN: AttnParams = AttnParams {
+const PLAIN: AttnParams<'static> = AttnParams {
     causal: false,
     softmax_scale: None,
+    window: None,
+    softcap: None,
+    alibi_slopes: None,
 };
 
-const CAUSAL: AttnParams = AttnParams {
+const CAUSAL: AttnParams<'static> = AttnParams {
     causal: true,
     softmax_scale: None,
+    window: None,
+    softcap: None,
+    alibi_slopes: None,
 };
 
 /// Whether query row `i` is NaN in every O element and in LSE.
@@ -212,6 +218,7 @@ fn a_scale_whose_base_2_form_overflows_is_a_param_error() {
     let p = AttnParams {
         causal: false,
         softmax_scale: Some(3.0e38),
+        ..AttnParams::default()
     };
     let is_param = |e: FlashError| matches!(e, FlashError::Param(m) if m.contains("too large"));
     assert!(is_param(

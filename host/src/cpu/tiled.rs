@@ -1,13 +1,14 @@
 //! The CPU backend: FlashAttention-2's tiled forward pass.
 //!
 //! For every (batch, query head), query tiles of [`BLOCK_M`] rows are visited in order; for
-//! each, the key tiles of [`BLOCK_N`] keys that [`CausalMask::key_tiles`] names are folded in
-//! with the online softmax (f32 accumulation, exponents in base 2 with
-//! `scale_log2 = scale·log2 e`), masking element by element only in tiles where
-//! [`CausalMask::tile_needs_mask`] says so. The `Nq × Nk` score matrix is never materialised:
+//! each, the key tiles of [`BLOCK_N`] keys that the mask's [`AttnMask::key_tiles`] names are
+//! folded in with the online softmax (f32 accumulation, exponents in base 2 with
+//! `scale_log2 = scale·log2 e`, or the mask's modified scores times `log2 e`), masking element
+//! by element only in tiles where [`AttnMask::tile_needs_mask`] says so. The mask is the
+//! kernels' own type for the options ([`crate::AttnParams::mask_kind`]). The `Nq × Nk` score matrix is never materialised:
 //! one `BLOCK_M × BLOCK_N` tile at a time. The (batch, head) pairs are spread over threads.
 
-use flash_attn_kernels::mask::{AttnMask, CausalMask};
+use flash_attn_kernels::mask::AttnMask;
 use ndarray::{
     s, Array3, Array4, ArrayView2, ArrayView4, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3,
     ArrayViewMut4, Axis, Dim,
@@ -18,6 +19,7 @@ use crate::cpu::online_softmax::QueryTile;
 use crate::cpu::validate::{check_inputs, check_outputs};
 use crate::dtype::Element;
 use crate::error::Result;
+use crate::mask::{with_cpu_mask, CpuMask, CpuScores};
 use crate::params::AttnParams;
 
 /// Query rows per tile.
@@ -40,6 +42,7 @@ pub fn attention_cpu<T: Element>(
 ) -> Result<(Array4<T>, Array3<f32>)> {
     let shape = check_inputs(&q, &k, &v)?;
     params.scale_log2(shape.head_dim)?;
+    params.check_masks(shape.batch, shape.heads_q)?;
     let mut o = alloc::array(Dim(shape.q_dims()), T::default(), "output O")?;
     let mut lse = alloc::array(Dim(shape.lse_dims()), 0.0, "output LSE")?;
     attention_cpu_into(q, k, v, params, o.view_mut(), lse.view_mut())?;
@@ -59,11 +62,7 @@ pub fn attention_cpu_into<T: Element>(
     let shape = check_inputs(&q, &k, &v)?;
     check_outputs(&shape, &o, &lse)?;
     let scale_log2 = params.scale_log2(shape.head_dim)?;
-    let mask = CausalMask {
-        seqlen_q: shape.seqlen_q as u32,
-        seqlen_k: shape.seqlen_k as u32,
-        causal: params.causal,
-    };
+    params.check_masks(shape.batch, shape.heads_q)?;
     let heads = alloc::numel::<HeadJob<T>>(&[shape.batch, shape.heads_q], "CPU head jobs")?;
     let mut jobs = alloc::with_capacity(heads, "CPU head jobs")?;
     for (b, (o_b, lse_b)) in o
@@ -82,11 +81,22 @@ pub fn attention_cpu_into<T: Element>(
                 v: v.slice(s![b, .., kv, ..]),
                 o,
                 lse,
+                slope: params.slope(b, h, shape.heads_q),
             });
         }
     }
     let new_tile = || QueryTile::new(BLOCK_M, BLOCK_N, shape.head_dim);
-    run_parallel(jobs, new_tile, |job, tile| job.run(tile, &mask, scale_log2))
+    with_cpu_mask!(params, M => {
+        let mask = M::of_params(params, shape.head_dim, shape.seqlen_q, shape.seqlen_k)?;
+        run_parallel(jobs, new_tile, |job, tile| {
+            let scores = CpuScores {
+                mask: &mask,
+                slope: job.slope,
+                scale_log2,
+            };
+            job.run(tile, &scores)
+        })
+    })
 }
 
 /// One (batch, query head): its Q rows, the K and V rows of its key/value head (`[N, d]`
@@ -102,13 +112,16 @@ struct HeadJob<'a, T> {
     o: ArrayViewMut2<'a, T>,
     /// Log-sum-exp per query row `[Nq]`.
     lse: ArrayViewMut1<'a, f32>,
+    /// The head's ALiBi slope (0 without ALiBi).
+    slope: f32,
 }
 
 impl<T: Element> HeadJob<'_, T> {
     /// The tiled forward pass of one head: query tiles outside, key tiles inside.
-    fn run<M: AttnMask>(mut self, tile: &mut QueryTile, mask: &M, scale_log2: f32) {
+    fn run<M: AttnMask>(mut self, tile: &mut QueryTile, scores: &CpuScores<M>) {
         let (seqlen_q, seqlen_k) = (self.q.nrows(), self.k.nrows());
         let (bm, bn) = (BLOCK_M as u32, BLOCK_N as u32);
+        let mask = scores.mask;
         for row0 in (0..seqlen_q).step_by(BLOCK_M) {
             tile.start(self.q, row0..(row0 + BLOCK_M).min(seqlen_q));
             // Last tile first, as the GPU visits them.
@@ -116,7 +129,7 @@ impl<T: Element> HeadJob<'_, T> {
                 let key0 = n_block as usize * BLOCK_N;
                 let keys = key0..(key0 + BLOCK_N).min(seqlen_k);
                 let needs_mask = mask.tile_needs_mask(row0 as u32, bm, n_block, bn);
-                tile.visit_keys(self.k, self.v, keys, scale_log2, needs_mask.then_some(mask));
+                tile.visit_keys(self.k, self.v, keys, scores, needs_mask);
             }
             tile.finish(self.o.view_mut(), self.lse.view_mut());
         }

@@ -9,7 +9,6 @@ mod validate;
 use flash_attn_kernels::config::{APPEND_THREADS, COMBINE_THREADS, MAX_DECODE_SPLITS};
 use flash_attn_kernels::params::{
     AppendParams, CombineParams, DecodeParams, KvLayout, MaskArgs, RowStatsRef, SeqDims, TensorRef,
-    FLAG_CAUSAL,
 };
 use flash_attn_kernels::registry::{self, KernelDType, MaskKind};
 
@@ -19,6 +18,7 @@ use crate::error::{FlashError, Result};
 use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use crate::fwd::validate::check_dtype;
 use crate::launch::launch;
+use crate::mask::DeviceMask;
 use crate::params::AttnParams;
 use crate::shape::DecodeShape;
 use crate::tensor::DeviceTensor;
@@ -132,9 +132,10 @@ pub fn attn_with_kvcache_into<T: Element>(
         shape: call,
         max_keys,
     } = check_cache(dev, q, &cache, new_kv, o, lse)?;
-    let scale_log2 = params.scale_log2(call.head_dim)?;
-    let kernel = decode_kernel::<T>(call.head_dim)?;
+    let scale_log2 = params.kernel_scale_log2(call.head_dim)?;
+    let kernel = decode_kernel::<T>(call.head_dim, params.mask_kind())?;
     let splits = pick_splits(dev, &call, max_keys, kernel, options)?;
+    let mask = DeviceMask::new(dev, params, (call.batch, call.heads_q, call.head_dim))?;
     let padded_d = padded_head_dim(call.head_dim);
 
     let layout = |seqlens: u64, appended: usize| KvLayout {
@@ -192,7 +193,7 @@ pub fn attn_with_kvcache_into<T: Element>(
         },
         head_dim: call.head_dim,
         scale_log2,
-        causal: params.causal,
+        mask: mask.args,
         splits,
     };
     run_decode(dev, kernel, &args, o, lse)
@@ -215,7 +216,7 @@ pub(crate) fn forward_via_decode<T: Element>(
     if shape.seqlen_q > FORWARD_DECODE_MAX_Q {
         return Ok(false);
     }
-    let kernel = decode_kernel::<T>(shape.head_dim)?;
+    let kernel = decode_kernel::<T>(shape.head_dim, params.mask_kind())?;
     let splits = kernel.auto_splits(
         dev,
         [shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q],
@@ -224,6 +225,7 @@ pub(crate) fn forward_via_decode<T: Element>(
     if splits <= 1 {
         return Ok(false);
     }
+    let mask = DeviceMask::new(dev, params, (shape.batch, shape.heads_q, shape.head_dim))?;
     let padded_d = padded_head_dim(shape.head_dim);
     let k_packed = packed_input(dev, k, padded_d)?;
     let v_packed = packed_input(dev, v, padded_d)?;
@@ -238,8 +240,8 @@ pub(crate) fn forward_via_decode<T: Element>(
         },
         dims: shape.seq_dims(padded_d),
         head_dim: shape.head_dim,
-        scale_log2: params.scale_log2(shape.head_dim)?,
-        causal: params.causal,
+        scale_log2: params.kernel_scale_log2(shape.head_dim)?,
+        mask: mask.args,
         splits: Splits::new(splits, shape.seqlen_k),
     };
     run_decode(dev, kernel, &args, o, lse)?;
@@ -336,10 +338,9 @@ fn pick_splits(
     Ok(Splits::new(wanted, max_keys))
 }
 
-/// The decode kernel for `T` and a head dim.
-fn decode_kernel<T: Element>(head_dim: usize) -> Result<DecodeKernel> {
-    let row =
-        registry::decode_kernel(head_dim, MaskKind::Causal).ok_or(FlashError::HeadDim(head_dim))?;
+/// The decode kernel for `T`, a head dim and a mask kind.
+fn decode_kernel<T: Element>(head_dim: usize, mask: MaskKind) -> Result<DecodeKernel> {
+    let row = registry::decode_kernel(head_dim, mask).ok_or(FlashError::HeadDim(head_dim))?;
     Ok(DecodeKernel {
         name: row.name(kernel_dtype::<T>()),
         row: *row,
@@ -384,7 +385,7 @@ pub fn auto_decode_splits<T: Element>(
     sizes: [usize; 4],
     max_keys: usize,
 ) -> Result<usize> {
-    decode_kernel::<T>(head_dim)?.auto_splits(dev, sizes, max_keys)
+    decode_kernel::<T>(head_dim, MaskKind::Causal)?.auto_splits(dev, sizes, max_keys)
 }
 
 fn kernel_dtype<T: Element>() -> KernelDType {
@@ -403,7 +404,7 @@ struct LaunchArgs<'a, T> {
     dims: SeqDims,
     head_dim: usize,
     scale_log2: f32,
-    causal: bool,
+    mask: MaskArgs,
     splits: Splits,
 }
 
@@ -452,16 +453,13 @@ fn run_decode<T: Element>(
         lse: stats(dev, lse),
         dims: a.dims,
         scale_log2: a.scale_log2,
-        mask: MaskArgs {
-            flags: if a.causal { FLAG_CAUSAL } else { 0 },
-        },
+        mask: a.mask,
         kv: a.kv,
         o_part: o_part.as_ref().map_or(0, |t| t.device_address(dev)),
         lse_part: lse_part.as_ref().map_or(0, |t| t.device_address(dev)),
         num_splits: splits as u32,
         split_keys: a.splits.keys as u32,
         row_tiles: row_tiles as u32,
-        reserved: 0,
     };
     // SAFETY: every address and stride in `p` comes from live, validated tensors; the
     // partials cover `splits × B × Hq × Nq` rows; grid, block and shared memory are the tile's.

@@ -19,13 +19,13 @@ pub(crate) struct FwdKernel {
 
 /// The forward kernel for a target, element type, head dim and mask: the registry's kernel of
 /// that mask kind with the smallest compiled head dim ≥ `head_dim` (the kernel pads the rest
-/// with zeros). `causal` is a run-time flag of the [`MaskKind::Causal`] kernels. Errors:
+/// with zeros). Errors:
 /// [`FlashError::DType`] for f32, [`FlashError::HeadDim`] when no kernel covers `head_dim`.
 pub(crate) fn fwd_kernel(
     arch: Arch,
     dtype: DType,
     head_dim: usize,
-    causal: bool,
+    mask: MaskKind,
 ) -> Result<FwdKernel> {
     let dtype = match dtype {
         DType::F16 => KernelDType::F16,
@@ -36,9 +36,7 @@ pub(crate) fn fwd_kernel(
             ))
         }
     };
-    // Causal or not, the same kernels: the flag is a run-time argument of this mask kind.
-    let _ = causal;
-    match registry::fwd_kernel(head_dim, MaskKind::Causal) {
+    match registry::fwd_kernel(head_dim, mask) {
         Some(k) => Ok(FwdKernel {
             name: k.name(dtype),
             tile: k.tile(arch),
@@ -53,22 +51,24 @@ mod tests {
 
     #[test]
     fn odd_head_dims_run_on_the_next_compiled_kernel() {
-        let k = fwd_kernel(Arch::Sm80, DType::BF16, 80, true).unwrap();
+        let k = fwd_kernel(Arch::Sm80, DType::BF16, 80, MaskKind::Causal).unwrap();
         assert_eq!(k.name, "flash_fwd_bf16_d96");
         assert_eq!(k.tile.head_dim, 96);
-        let k = fwd_kernel(Arch::Sm90a, DType::F16, 1, false).unwrap();
+        let k = fwd_kernel(Arch::Sm90a, DType::F16, 1, MaskKind::Causal).unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d32");
+        let k = fwd_kernel(Arch::Sm90a, DType::BF16, 128, MaskKind::Masked).unwrap();
+        assert_eq!(k.name, "flash_fwd_masked_bf16_d128");
     }
 
     #[test]
     fn f32_and_uncovered_head_dims_are_rejected() {
         assert!(matches!(
-            fwd_kernel(Arch::Sm80, DType::F32, 64, false),
+            fwd_kernel(Arch::Sm80, DType::F32, 64, MaskKind::Causal),
             Err(FlashError::DType(_))
         ));
         for d in [0, 257] {
             assert!(matches!(
-                fwd_kernel(Arch::Sm80, DType::F16, d, false),
+                fwd_kernel(Arch::Sm80, DType::F16, d, MaskKind::Masked),
                 Err(FlashError::HeadDim(x)) if x == d
             ));
         }

@@ -8,12 +8,13 @@ mod dispatch;
 pub(crate) mod layout;
 pub(crate) mod validate;
 
-use flash_attn_kernels::params::{FwdParams, MaskArgs, RowStatsRef, FLAG_CAUSAL};
+use flash_attn_kernels::params::{FwdParams, RowStatsRef};
 
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::Result;
 use crate::launch::launch;
+use crate::mask::DeviceMask;
 use crate::params::AttnParams;
 use crate::tensor::DeviceTensor;
 use dispatch::fwd_kernel;
@@ -54,8 +55,9 @@ pub fn flash_attn_into<T: Element>(
     let shape = input_shape(q, k, v)?;
     check_output_shapes(&shape, o, lse)?;
     let d = shape.head_dim;
-    let kernel = fwd_kernel(dev.arch(), T::DTYPE, d, params.causal)?;
-    let scale_log2 = params.scale_log2(d)?;
+    let kernel = fwd_kernel(dev.arch(), T::DTYPE, d, params.mask_kind())?;
+    let scale_log2 = params.kernel_scale_log2(d)?;
+    params.check_masks(shape.batch, shape.heads_q)?;
     check_placement(dev, &shape, [q, k, v], o, lse)?;
     // Few queries over many keys: the split-KV decode kernels fill the GPU where one block
     // per query tile would leave it idle.
@@ -63,6 +65,7 @@ pub fn flash_attn_into<T: Element>(
         return Ok(());
     }
 
+    let mask = DeviceMask::new(dev, params, (shape.batch, shape.heads_q, d))?;
     // Tensors that break the alignment rule go through padded, contiguous temporaries.
     let padded_d = padded_head_dim(d);
     let q_packed = packed_input(dev, q, padded_d)?;
@@ -80,10 +83,9 @@ pub fn flash_attn_into<T: Element>(
             head_stride: lse.strides()[1] as u64,
         },
         dims: shape.seq_dims(padded_d),
+        mask: mask.args,
         scale_log2,
-        mask: MaskArgs {
-            flags: if params.causal { FLAG_CAUSAL } else { 0 },
-        },
+        reserved: 0,
     };
     let tile = kernel.tile;
     let grid = (

@@ -233,6 +233,18 @@ impl<const MT: usize, const NT: usize> AccTile<MT, NT> {
         E::mma(&mut self.0[mt][2 * np + 1], a, b[1]);
     }
 
+    /// The element at m-tile `mt`, row half `r`, n-tile `nt`, column half `c`.
+    #[inline(always)]
+    pub fn get(&self, mt: usize, r: usize, nt: usize, c: usize) -> f32 {
+        self.0[mt][nt][2 * r + c]
+    }
+
+    /// Sets the element at m-tile `mt`, row half `r`, n-tile `nt`, column half `c`.
+    #[inline(always)]
+    pub fn set(&mut self, mt: usize, r: usize, nt: usize, c: usize, x: f32) {
+        self.0[mt][nt][2 * r + c] = x;
+    }
+
     /// Calls `f(mt, r, nt, c, x)` for every element: m-tile, row half, n-tile, column half.
     #[inline(always)]
     pub fn for_each_mut(&mut self, mut f: impl FnMut(usize, usize, usize, usize, &mut f32)) {

@@ -14,5 +14,7 @@ pub(crate) mod fwd;
 pub(crate) mod gemm;
 pub(crate) mod pad;
 mod ptx;
+/// The one `ptx` wrapper shared code outside `device` uses ([`crate::math`]).
+pub(crate) use ptx::ex2_approx_ftz as ptx_ex2;
 pub(crate) mod softmax;
 pub(crate) mod tile;

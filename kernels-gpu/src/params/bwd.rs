@@ -41,7 +41,8 @@ pub struct BwdParams {
     pub dims: SeqDims,
     /// `softmax_scale · log2(e)`.
     pub scale_log2: f32,
-    /// `softmax_scale` (dS = P ∘ (dP − D) is scaled by it into dQ and dK).
+    /// `softmax_scale` (dS = P ∘ (dP − D) is scaled by it into dQ and dK; 1 for masks that
+    /// fold the scale into the derivative of their scores, see [`crate::mask::AttnMask`]).
     pub scale: f32,
     /// Mask arguments.
     pub mask: MaskArgs,
@@ -53,6 +54,6 @@ pub struct BwdParams {
     pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<BwdParams>() == 9 * 32 + 2 * 24 + 24 + 16 + 16);
+const _: () = assert!(core::mem::size_of::<BwdParams>() == 9 * 32 + 2 * 24 + 24 + 8 + 32 + 16);
 const _: () = assert!(core::mem::offset_of!(BwdParams, lse) == 288);
 const _: () = assert!(core::mem::offset_of!(BwdParams, dims) == 336);

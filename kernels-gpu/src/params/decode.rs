@@ -111,9 +111,7 @@ pub struct DecodeParams {
     pub lse: RowStatsRef,
     /// Sizes (`seqlen_k`: keys of every sequence when [`KvLayout::seqlens`] is 0).
     pub dims: SeqDims,
-    /// `softmax_scale · log2(e)`.
-    pub scale_log2: f32,
-    /// Mask arguments (causal: bottom-right aligned at each sequence's own length).
+    /// Mask arguments (windows bottom-right aligned at each sequence's own length).
     pub mask: MaskArgs,
     /// The cache's layout and lengths.
     pub kv: KvLayout,
@@ -121,14 +119,14 @@ pub struct DecodeParams {
     pub o_part: u64,
     /// f32 partial LSE (more than one split).
     pub lse_part: u64,
+    /// `softmax_scale · log2(e)` (`log2 e` for masks that apply the scale themselves).
+    pub scale_log2: f32,
     /// Number of key splits.
     pub num_splits: u32,
     /// Keys per split (a multiple of 16).
     pub split_keys: u32,
     /// Query-row tiles per (batch, KV head): grid x is `num_splits · row_tiles`.
     pub row_tiles: u32,
-    /// Keeps the size a multiple of 8 bytes.
-    pub reserved: u32,
 }
 
 impl DecodeParams {
@@ -196,6 +194,6 @@ pub struct AppendParams {
 }
 
 const _: () = assert!(core::mem::size_of::<KvLayout>() == 40);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 4 * 32 + 24 + 24 + 8 + 40 + 16 + 16);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 4 * 32 + 24 + 24 + 32 + 40 + 16 + 16);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 32 + 24 + 64 + 48 + 24 + 8 + 16);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 32 + 40 + 16);

@@ -21,13 +21,16 @@ pub struct FwdParams {
     pub lse: RowStatsRef,
     /// Sizes.
     pub dims: SeqDims,
-    /// `softmax_scale · log2(e)`: scores are scaled once into the base-2 domain.
+    /// `softmax_scale · log2(e)`: scores are scaled once into the base-2 domain (`log2 e`
+    /// for masks that apply the softmax scale themselves, see [`crate::mask::ScoredMask`]).
     pub scale_log2: f32,
+    /// Keeps `mask` 8-byte aligned without implicit padding.
+    pub reserved: u32,
     /// Mask arguments.
     pub mask: MaskArgs,
 }
 
-const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 8);
+const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 32 + 8);
 const _: () = assert!(core::mem::offset_of!(FwdParams, lse) == 128);
 const _: () = assert!(core::mem::offset_of!(FwdParams, dims) == 152);
-const _: () = assert!(core::mem::offset_of!(FwdParams, mask) == 180);
+const _: () = assert!(core::mem::offset_of!(FwdParams, mask) == 184);

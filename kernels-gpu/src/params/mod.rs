@@ -16,9 +16,6 @@ pub use decode::{AppendParams, CombineParams, DecodeParams, KvLayout};
 pub use fwd::FwdParams;
 pub use pad::{PadParams, PAD_SCATTER};
 
-/// Bit set in [`MaskArgs::flags`] for causal masking (aligned to the bottom-right corner).
-pub const FLAG_CAUSAL: u32 = 1;
-
 /// Element strides of one 4-D tensor laid out as `[batch, seq, head, dim]` (dim contiguous).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -93,17 +90,49 @@ pub struct SeqDims {
 
 /// Arguments of the mask types ([`crate::mask`]); each mask reads what it needs.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MaskArgs {
+    /// Device address of the f32 ALiBi slopes (`[heads_q]`, or `[batch, heads_q]` with
+    /// `alibi_batch_stride = heads_q`), or 0 for none.
+    pub alibi_slopes: u64,
+    /// Elements between two batch entries' slopes (0: one slope per head for every entry).
+    pub alibi_batch_stride: u32,
+    /// Keys a query sees before its diagonal ([`crate::mask::UNBOUNDED`]: all).
+    pub window_left: u32,
+    /// Keys a query sees after its diagonal (0: causal; [`crate::mask::UNBOUNDED`]: all).
+    pub window_right: u32,
+    /// Logit softcap `cap` (`cap·tanh(x / cap)`), or 0 for none ([`crate::mask::ScoredMask`]).
+    pub softcap: f32,
+    /// The softmax scale, applied by [`crate::mask::ScoredMask`] before the cap.
+    pub scale: f32,
     /// `FLAG_*` bits.
     pub flags: u32,
 }
 
+/// Bit set in [`MaskArgs::flags`] for causal masking (aligned to the bottom-right corner):
+/// what [`crate::mask::CausalMask`] reads (the window's right side is then 0 as well).
+pub const FLAG_CAUSAL: u32 = 1;
+
 impl MaskArgs {
-    /// Whether causal masking is on.
+    /// Whether causal masking is on ([`FLAG_CAUSAL`]).
     #[inline(always)]
     pub fn causal(&self) -> bool {
         self.flags & FLAG_CAUSAL != 0
+    }
+}
+
+impl Default for MaskArgs {
+    /// No mask: every key of the sequence visible, no score modifier.
+    fn default() -> Self {
+        Self {
+            alibi_slopes: 0,
+            alibi_batch_stride: 0,
+            window_left: crate::mask::UNBOUNDED,
+            window_right: crate::mask::UNBOUNDED,
+            softcap: 0.0,
+            scale: 1.0,
+            flags: 0,
+        }
     }
 }
 
@@ -111,4 +140,4 @@ const _: () = assert!(core::mem::size_of::<Strides>() == 24);
 const _: () = assert!(core::mem::size_of::<TensorRef>() == 32);
 const _: () = assert!(core::mem::size_of::<RowStatsRef>() == 24);
 const _: () = assert!(core::mem::size_of::<SeqDims>() == 24);
-const _: () = assert!(core::mem::size_of::<MaskArgs>() == 4);
+const _: () = assert!(core::mem::size_of::<MaskArgs>() == 32);

@@ -219,6 +219,21 @@ unsafe fn key_tile<
         // Sᵀ = Kⱼ·Qᵢᵀ, then Pᵀ (masked before the exponential).
         let mut pt = AccTile::<1, Q_TILES>::zero();
         mma_abt::<E, 1, Q_TILES, K_STEPS, BM, PITCH>(&mut pt, &warp_keys(smem.k), q, &step_lanes);
+        // Masks that modify scores: Sᵀ becomes the logits, and `grad` keeps d logit / d s
+        // for dS (the compiler drops it for the others).
+        let mut grad = AccTile::<1, Q_TILES>::zero();
+        if M::MODIFIES_SCORES {
+            let slope = M::slope(&p.mask, batch, head);
+            pt.for_each_mut(|_, r, nt, c, x| {
+                let (row, key) = (
+                    row0 + pos_s.col(nt, c),
+                    key0 + warp_k0 as u32 + pos_s.row(0, r),
+                );
+                let (logit, g) = mask.score_and_grad(row, key, *x, slope);
+                *x = logit;
+                grad.set(0, r, nt, c, g);
+            });
+        }
         // Pᵀ; scores the mask hides are zeroed afterwards, only in tiles that cross its edge.
         smem.probabilities(&mut pt, buf, pos_s, p.scale_log2);
         if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
@@ -249,6 +264,9 @@ unsafe fn key_tile<
             ds.for_each_mut(|mt, r, nt, c, x| {
                 let p = pt.get::<E>(mt, r, part * DP_TILES + nt, c);
                 *x = p * (*x - smem.delta(buf, (c0 as u32) + pos_s.col(nt, c)));
+                if M::MODIFIES_SCORES {
+                    *x *= grad.get(mt, r, part * DP_TILES + nt, c);
+                }
             });
             let ds = PackedTile::pack::<E>(&ds);
             let q_part = q_cols.rows_from(c0);
@@ -410,7 +428,8 @@ fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize>(
         None => (kv_head * group, 0),
     };
     while head < (kv_head + 1) * group {
-        let mask = M::new(&p.mask, &block_for(p, batch, kv_head, head));
+        // SAFETY: the launch's host-validated mask arguments.
+        let mask = unsafe { M::new(&p.mask, &block_for(p, batch, kv_head, head)) };
         while i < tiles {
             if mask.visits_key_tile(i * BM as u32, BM as u32, n, BN as u32) {
                 return Some((head, i));

@@ -151,6 +151,15 @@ pub unsafe fn flash_decode<
     let q_frags = QFragments::<MT, K_STEPS, Q_IN_REGS>::load(q_tile, &lanes, 0);
     // Token of each accumulator row (rows past the packed rows are never stored).
     let tokens = RowVec::<u32, MT>::from_fn(|mt, r| (row0 + pos.row(mt, r)) / group);
+    // ALiBi slope of each accumulator row's head (rows of one block span the group's heads).
+    let slopes = RowVec::<f32, MT>::from_fn(|mt, r| {
+        let head = kv_head * group + (row0 + pos.row(mt, r)) % group;
+        if M::MODIFIES_SCORES {
+            M::slope(&p.mask, batch, head)
+        } else {
+            0.0
+        }
+    });
     let mut o = AccTile::<MT, D_TILES>::zero();
     let mut softmax = OnlineSoftmax::<MT>::new();
     for j in 0..steps {
@@ -174,7 +183,10 @@ pub unsafe fn flash_decode<
         mma_abt::<E, MT, 2, K_STEPS, DECODE_WARP_KEYS, PITCH>(&mut s, &q, k, &lanes);
         let pos = FragPos::of(ptx::opaque_u32(me.lane));
         if M::MODIFIES_SCORES {
-            s.map_scores(&tokens, pos, key0, |t, key, x| mask.modify_score(t, key, x));
+            s.for_each_mut(|mt, r, nt, c, x| {
+                let (t, key) = (tokens.0[mt][r], key0 + pos.col(nt, c));
+                *x = mask.score(t, key, *x, slopes.0[mt][r]);
+            });
         }
         let visible = |mt: usize, r: usize, nt: usize, c: usize| {
             mask.visible(tokens.0[mt][r], key0 + pos.col(nt, c))

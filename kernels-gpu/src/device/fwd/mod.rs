@@ -185,8 +185,9 @@ impl<
         mma_abt::<E, MT, N_TILES, K_STEPS, BN, PITCH>(&mut s, &self.q, self.kv.k, &lanes);
         let pos = FragPos::of(ptx::opaque_u32(self.lane));
         if M::MODIFIES_SCORES {
+            let slope = self.mask.block_slope();
             s.map_scores(&self.rows, pos, self.key0, |r, k, x| {
-                self.mask.modify_score(r, k, x)
+                self.mask.score(r, k, x, slope)
             });
         }
         let visible = |mt: usize, r: usize, nt: usize, c: usize| {

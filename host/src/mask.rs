@@ -1,0 +1,256 @@
+//! The masks of a call, in one place for every backend: validation of
+//! [`AttnParams`]' mask options, the kernel kind they need, the kernels' [`MaskArgs`], and
+//! the mask values the CPU backend and the references evaluate (the same
+//! [`flash_attn_kernels::mask`] types the kernels run).
+
+use flash_attn_kernels::mask::{AttnMask, CausalMask, ScoredMask, UNBOUNDED};
+use flash_attn_kernels::params::{MaskArgs, FLAG_CAUSAL};
+use flash_attn_kernels::registry::MaskKind;
+
+use crate::device::Device;
+use crate::error::{FlashError, Result};
+use crate::params::AttnParams;
+use crate::tensor::DeviceTensor;
+
+/// The kernels' mask arguments for a GPU call, with the ALiBi slopes copied to the device
+/// (kept alive here until the launches that read them are queued).
+pub(crate) struct DeviceMask {
+    /// The arguments to launch with.
+    pub args: MaskArgs,
+    /// The slopes on the device, when ALiBi is on.
+    _slopes: Option<DeviceTensor<f32>>,
+}
+
+impl DeviceMask {
+    /// Checks `params`' masks for a call of `batch` entries, `heads_q` query heads and head
+    /// dim `head_dim`, and prepares their arguments on `dev`.
+    pub(crate) fn new(
+        dev: &Device,
+        params: &AttnParams,
+        (batch, heads_q, head_dim): (usize, usize, usize),
+    ) -> Result<Self> {
+        params.check_masks(batch, heads_q)?;
+        let slopes = match params.alibi_slopes {
+            Some(s) => Some(DeviceTensor::from_host(dev, &[s.len()], s)?),
+            None => None,
+        };
+        let ptr = slopes.as_ref().map_or(0, |t| t.device_address(dev));
+        Ok(Self {
+            args: params.mask_args(head_dim, heads_q, ptr)?,
+            _slopes: slopes,
+        })
+    }
+}
+
+impl<'a> AttnParams<'a> {
+    /// These options for batch entry `batch` alone (a call of batch 1): per-(batch, head)
+    /// ALiBi slopes are cut to the entry's `[Hq]`; the rest is unchanged.
+    pub fn for_entry(&self, batch: usize, heads_q: usize) -> AttnParams<'a> {
+        let alibi_slopes = self.alibi_slopes.map(|s| {
+            if s.len() == heads_q {
+                s
+            } else {
+                &s[batch * heads_q..(batch + 1) * heads_q]
+            }
+        });
+        AttnParams {
+            alibi_slopes,
+            ..*self
+        }
+    }
+
+    /// Checks the mask options for a call of `batch` entries and `heads_q` query heads: a
+    /// softcap must be finite and > 0; ALiBi slopes must be finite, one per query head
+    /// (`[Hq]`) or per batch entry and query head (`[B, Hq]`, row-major). Errors:
+    /// [`FlashError::Param`], [`FlashError::Shape`].
+    pub fn check_masks(&self, batch: usize, heads_q: usize) -> Result<()> {
+        if let Some(cap) = self.softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(FlashError::Param(format!(
+                    "softcap must be finite and > 0, got {cap}"
+                )));
+            }
+        }
+        if let Some(slopes) = self.alibi_slopes {
+            let (b, h) = (batch, heads_q);
+            if slopes.len() != h && slopes.len() != b * h {
+                return Err(FlashError::Shape(format!(
+                    "alibi_slopes has {} values, expected {h} ([heads_q]) or {} ([batch, heads_q])",
+                    slopes.len(),
+                    b * h
+                )));
+            }
+            if let Some(x) = slopes.iter().find(|x| !x.is_finite()) {
+                return Err(FlashError::Param(format!(
+                    "alibi_slopes must be finite, got {x}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernel kind the options need: [`MaskKind::Masked`] with a window, a softcap or
+    /// ALiBi, else [`MaskKind::Causal`] (the plain kernels, causal or not).
+    pub fn mask_kind(&self) -> MaskKind {
+        if self.window.is_some() || self.softcap.is_some() || self.alibi_slopes.is_some() {
+            MaskKind::Masked
+        } else {
+            MaskKind::Causal
+        }
+    }
+
+    /// The window as the kernels take it, `(left, right)` keys around the diagonal
+    /// ([`UNBOUNDED`]: all), with causal masking folded in (`right ≤ 0`).
+    pub fn window_bounds(&self) -> (u32, u32) {
+        let bound = |x: usize| u32::try_from(x).unwrap_or(UNBOUNDED);
+        let (left, right) = self
+            .window
+            .map_or((UNBOUNDED, UNBOUNDED), |(l, r)| (bound(l), bound(r)));
+        (left, if self.causal { 0 } else { right })
+    }
+
+    /// The ALiBi slope of query head `head` of batch entry `batch` (0 without ALiBi).
+    pub(crate) fn slope(&self, batch: usize, head: usize, heads_q: usize) -> f32 {
+        match self.alibi_slopes {
+            Some(s) if s.len() == heads_q => s[head],
+            Some(s) => s[batch * heads_q + head],
+            None => 0.0,
+        }
+    }
+
+    /// The kernels' mask arguments, with the ALiBi slopes at device address `slopes` (0 when
+    /// none) for a call with `heads_q` query heads and head dim `head_dim`.
+    pub(crate) fn mask_args(
+        &self,
+        head_dim: usize,
+        heads_q: usize,
+        slopes: u64,
+    ) -> Result<MaskArgs> {
+        let (window_left, window_right) = self.window_bounds();
+        let per_batch = self.alibi_slopes.is_some_and(|s| s.len() != heads_q);
+        Ok(MaskArgs {
+            alibi_slopes: slopes,
+            alibi_batch_stride: if per_batch { heads_q as u32 } else { 0 },
+            window_left,
+            window_right,
+            softcap: self.softcap.unwrap_or(0.0),
+            scale: self.scale(head_dim)?,
+            flags: if self.causal { FLAG_CAUSAL } else { 0 },
+        })
+    }
+
+    /// The base-2 scale of the kernels' softmax: `scale·log2 e`, or `log2 e` for
+    /// [`MaskKind::Masked`] (whose scores carry the scale already).
+    pub(crate) fn kernel_scale_log2(&self, head_dim: usize) -> Result<f32> {
+        let scale_log2 = self.scale_log2(head_dim)?;
+        Ok(match self.mask_kind() {
+            MaskKind::Causal => scale_log2,
+            MaskKind::Masked => std::f32::consts::LOG2_E,
+        })
+    }
+
+    /// The factor of dS into dQ and dK in the backward kernels: the softmax scale, or 1 for
+    /// [`MaskKind::Masked`] (the derivative of its scores carries the scale).
+    pub(crate) fn kernel_grad_scale(&self, head_dim: usize) -> Result<f32> {
+        let scale = self.scale(head_dim)?;
+        Ok(match self.mask_kind() {
+            MaskKind::Causal => scale,
+            MaskKind::Masked => 1.0,
+        })
+    }
+}
+
+/// A mask type the CPU backend builds from the options (the kernels build theirs from
+/// [`MaskArgs`]).
+pub(crate) trait CpuMask: AttnMask + Sync {
+    /// The mask of sequences of `seqlen_q` queries and `seqlen_k` keys.
+    fn of_params(
+        params: &AttnParams,
+        head_dim: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+    ) -> Result<Self>;
+}
+
+impl CpuMask for CausalMask {
+    fn of_params(
+        params: &AttnParams,
+        head_dim: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+    ) -> Result<Self> {
+        let args = params.mask_args(head_dim, 1, 0)?;
+        Ok(CausalMask {
+            seqlen_q: seqlen_q as u32,
+            seqlen_k: seqlen_k as u32,
+            causal: args.causal(),
+        })
+    }
+}
+
+impl CpuMask for ScoredMask {
+    fn of_params(
+        params: &AttnParams,
+        head_dim: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+    ) -> Result<Self> {
+        let args = params.mask_args(head_dim, 1, 0)?;
+        Ok(ScoredMask::of(&args, seqlen_q as u32, seqlen_k as u32))
+    }
+}
+
+/// Runs `$body` with `$M` the CPU mask type of `$params` ([`AttnParams::mask_kind`]).
+macro_rules! with_cpu_mask {
+    ($params:expr, $M:ident => $body:expr) => {
+        match $params.mask_kind() {
+            flash_attn_kernels::registry::MaskKind::Causal => {
+                type $M = flash_attn_kernels::mask::CausalMask;
+                $body
+            }
+            flash_attn_kernels::registry::MaskKind::Masked => {
+                type $M = flash_attn_kernels::mask::ScoredMask;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_cpu_mask;
+
+/// How the CPU backend turns a raw score `s = q·k` into the base-2 logit of its softmax, as
+/// the kernels do: the mask's [`AttnMask::score`] times `log2 e` for masks that modify scores,
+/// else `s·scale·log2 e`.
+#[derive(Clone, Copy)]
+pub(crate) struct CpuScores<'m, M> {
+    /// The mask of the sequence.
+    pub mask: &'m M,
+    /// The head's ALiBi slope.
+    pub slope: f32,
+    /// `scale·log2 e`.
+    pub scale_log2: f32,
+}
+
+impl<M: AttnMask> CpuScores<'_, M> {
+    /// The base-2 logit of raw score `s` at (`row`, `key`).
+    pub fn logit2(&self, row: usize, key: usize, s: f32) -> f32 {
+        if M::MODIFIES_SCORES {
+            self.mask.score(row as u32, key as u32, s, self.slope) * std::f32::consts::LOG2_E
+        } else {
+            s * self.scale_log2
+        }
+    }
+
+    /// The base-2 logit of `s` in f64 (the backward subtracts the LSE from it there) and the
+    /// derivative of the score modifier (1 for masks that do not modify scores: the softmax
+    /// scale is applied to dQ and dK at the end, see [`AttnParams::kernel_grad_scale`]).
+    pub fn logit2_and_grad(&self, row: usize, key: usize, s: f32) -> (f64, f32) {
+        if M::MODIFIES_SCORES {
+            let (x, g) = self
+                .mask
+                .score_and_grad(row as u32, key as u32, s, self.slope);
+            (f64::from(x) * std::f64::consts::LOG2_E, g)
+        } else {
+            (f64::from(s) * f64::from(self.scale_log2), 1.0)
+        }
+    }
+}
