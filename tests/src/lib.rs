@@ -260,6 +260,23 @@ impl MaskRecipe {
         seed: 0,
     };
 
+    /// Params with `causal`, `softmax_scale` and this recipe's masks, for a call of `batch`
+    /// entries and `heads_q` query heads (see [`MaskRecipe::apply`]).
+    pub fn params(
+        &self,
+        causal: bool,
+        softmax_scale: Option<f32>,
+        batch: usize,
+        heads_q: usize,
+    ) -> AttnParams<'static> {
+        let base = AttnParams {
+            causal,
+            softmax_scale,
+            ..AttnParams::default()
+        };
+        self.apply(base, batch, heads_q)
+    }
+
     /// `params` with this recipe's masks for a call of `batch` entries and `heads_q` query
     /// heads; the slopes (uniform in `[0, 0.5)`, random signs in a tenth) are leaked, a few
     /// bytes per test case.
@@ -374,15 +391,7 @@ pub fn cases(
                     head_dim,
                 },
                 dtype,
-                params: masks.apply(
-                    AttnParams {
-                        causal,
-                        softmax_scale,
-                        ..AttnParams::default()
-                    },
-                    batch,
-                    heads_q,
-                ),
+                params: masks.params(causal, softmax_scale, batch, heads_q),
                 magnitude,
                 head_major,
                 seed,

@@ -86,15 +86,7 @@ fn cases() -> impl Strategy<Value = Case> {
             appended,
             page_size,
             slack,
-            params: masks.apply(
-                AttnParams {
-                    causal,
-                    softmax_scale,
-                    ..AttnParams::default()
-                },
-                batch,
-                heads.0,
-            ),
+            params: masks.params(causal, softmax_scale, batch, heads.0),
             magnitude,
             seed,
         }

@@ -151,15 +151,7 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>
                 (
                     seed,
                     shape,
-                    masks.apply(
-                        AttnParams {
-                            causal,
-                            softmax_scale,
-                            ..AttnParams::default()
-                        },
-                        batch,
-                        heads_q,
-                    ),
+                    masks.params(causal, softmax_scale, batch, heads_q),
                     mag,
                     layout,
                 )

@@ -113,15 +113,7 @@ impl<T: Element> HostCache<T> {
 /// Runs one case and checks O, LSE and the updated cache.
 fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
     let err = |e: FlashError| format!("{c:?}: {e}");
-    let params = c.masks.apply(
-        AttnParams {
-            causal: c.causal,
-            softmax_scale: c.scale,
-            ..AttnParams::default()
-        },
-        c.batch,
-        c.heads_q,
-    );
+    let params = c.masks.params(c.causal, c.scale, c.batch, c.heads_q);
     let mut rng = rand::rngs::StdRng::seed_from_u64(c.seed);
     let (b, nq, hq, hkv, d) = (c.batch, c.seqlen_q, c.heads_q, c.heads_kv, c.head_dim);
     let room = rng.gen_range(0..40usize);

@@ -38,15 +38,7 @@ fn run_case<T: Element>(
     magnitude: Magnitude,
     layout: Layout,
 ) -> Result<(), String> {
-    let params = masks.apply(
-        AttnParams {
-            causal,
-            softmax_scale,
-            ..AttnParams::default()
-        },
-        shape.batch,
-        shape.heads_q,
-    );
+    let params = masks.params(causal, softmax_scale, shape.batch, shape.heads_q);
     let scale = params.scale(shape.head_dim).map_err(|e| e.to_string())?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
