@@ -3,7 +3,8 @@
 //! the mask values the CPU backend and the references evaluate (the same
 //! [`flash_attn_kernels::mask`] types the kernels run).
 
-use flash_attn_kernels::mask::{AttnMask, CausalMask, ScoredMask, UNBOUNDED};
+use flash_attn_kernels::block::BlockInfo;
+use flash_attn_kernels::mask::{AttnMask, UNBOUNDED};
 use flash_attn_kernels::params::{MaskArgs, FLAG_CAUSAL};
 use flash_attn_kernels::registry::MaskKind;
 
@@ -160,44 +161,26 @@ impl<'a> AttnParams<'a> {
     }
 }
 
-/// A mask type the CPU backend builds from the options (the kernels build theirs from
-/// [`MaskArgs`]).
-pub(crate) trait CpuMask: AttnMask + Sync {
-    /// The mask of sequences of `seqlen_q` queries and `seqlen_k` keys.
-    fn of_params(
-        params: &AttnParams,
-        head_dim: usize,
-        seqlen_q: usize,
-        seqlen_k: usize,
-    ) -> Result<Self>;
-}
-
-impl CpuMask for CausalMask {
-    fn of_params(
-        params: &AttnParams,
-        head_dim: usize,
-        seqlen_q: usize,
-        seqlen_k: usize,
-    ) -> Result<Self> {
-        let args = params.mask_args(head_dim, 1, 0)?;
-        Ok(CausalMask {
-            seqlen_q: seqlen_q as u32,
-            seqlen_k: seqlen_k as u32,
-            causal: args.causal(),
-        })
-    }
-}
-
-impl CpuMask for ScoredMask {
-    fn of_params(
-        params: &AttnParams,
-        head_dim: usize,
-        seqlen_q: usize,
-        seqlen_k: usize,
-    ) -> Result<Self> {
-        let args = params.mask_args(head_dim, 1, 0)?;
-        Ok(ScoredMask::of(&args, seqlen_q as u32, seqlen_k as u32))
-    }
+/// The mask of sequences of `seqlen_q` queries and `seqlen_k` keys as the CPU backend runs
+/// it: built by [`AttnMask::new`] from the same [`MaskArgs`] the kernels get (without a slopes
+/// address: the CPU passes each head's slope to [`AttnMask::score`] itself).
+pub(crate) fn cpu_mask<M: AttnMask>(
+    params: &AttnParams,
+    head_dim: usize,
+    seqlen_q: usize,
+    seqlen_k: usize,
+) -> Result<M> {
+    let args = params.mask_args(head_dim, 1, 0)?;
+    let block = BlockInfo {
+        batch: 0,
+        head: 0,
+        kv_head: 0,
+        row0: 0,
+        seqlen_q: seqlen_q as u32,
+        seqlen_k: seqlen_k as u32,
+    };
+    // SAFETY: `args` hold no slopes address, so no mask reads through a pointer.
+    Ok(unsafe { M::new(&args, &block) })
 }
 
 /// Runs `$body` with `$M` the CPU mask type of `$params` ([`AttnParams::mask_kind`]).

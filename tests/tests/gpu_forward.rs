@@ -237,28 +237,9 @@ fn every_masked_kernel_instantiation() {
                 (d as u64, Magnitude::Normal),
                 (d as u64 + 1, Magnitude::Large),
             ] {
-                run_case::<f16>(
-                    dev,
-                    seed,
-                    shape,
-                    causal,
-                    None,
-                    masks,
-                    mag,
-                    Layout::Contiguous,
-                )
-                .unwrap();
-                run_case::<bf16>(
-                    dev,
-                    seed,
-                    shape,
-                    causal,
-                    None,
-                    masks,
-                    mag,
-                    Layout::Contiguous,
-                )
-                .unwrap();
+                let layout = Layout::Contiguous;
+                run_case::<f16>(dev, seed, shape, causal, None, masks, mag, layout).unwrap();
+                run_case::<bf16>(dev, seed, shape, causal, None, masks, mag, layout).unwrap();
             }
         }
     }

@@ -30,7 +30,7 @@ use crate::cpu::tiled::{run_parallel, BLOCK_M, BLOCK_N};
 use crate::cpu::validate::{check_backward_inputs, check_gradients, check_inputs};
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::mask::{with_cpu_mask, CpuMask, CpuScores};
+use crate::mask::{cpu_mask, with_cpu_mask, CpuScores};
 use crate::params::AttnParams;
 use crate::shape::AttnShape;
 
@@ -134,7 +134,7 @@ pub fn attention_backward_cpu_into<T: Element>(
     }
     let new_state = || KeyTile::new(&shape);
     with_cpu_mask!(params, M => {
-        let mask = M::of_params(params, shape.head_dim, shape.seqlen_q, shape.seqlen_k)?;
+        let mask: M = cpu_mask(params, shape.head_dim, shape.seqlen_q, shape.seqlen_k)?;
         let schedule = KeySchedule::new(&mask, &shape)?;
         let step = Step {
             mask: &mask,

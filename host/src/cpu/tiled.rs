@@ -19,7 +19,7 @@ use crate::cpu::online_softmax::QueryTile;
 use crate::cpu::validate::{check_inputs, check_outputs};
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::mask::{with_cpu_mask, CpuMask, CpuScores};
+use crate::mask::{cpu_mask, with_cpu_mask, CpuScores};
 use crate::params::AttnParams;
 
 /// Query rows per tile.
@@ -87,7 +87,7 @@ pub fn attention_cpu_into<T: Element>(
     }
     let new_tile = || QueryTile::new(BLOCK_M, BLOCK_N, shape.head_dim);
     with_cpu_mask!(params, M => {
-        let mask = M::of_params(params, shape.head_dim, shape.seqlen_q, shape.seqlen_k)?;
+        let mask: M = cpu_mask(params, shape.head_dim, shape.seqlen_q, shape.seqlen_k)?;
         run_parallel(jobs, new_tile, |job, tile| {
             let scores = CpuScores {
                 mask: &mask,
