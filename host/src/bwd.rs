@@ -6,14 +6,17 @@
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{FlashError, Result};
+use crate::fwd::check_varlen_outputs;
 use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
-use crate::fwd::validate::{check_dtype, dims, input_shape};
+use crate::fwd::validate::{check_dtype, dims, input_shape, lse_ref, varlen_shape};
 use crate::launch::launch;
 use crate::mask::DeviceMask;
 use crate::params::AttnParams;
+use crate::seqs::{gpu_runs, SeqRun, Varlen};
+use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
 use flash_attn_kernels::config::{bwd_aux_grid, BWD_AUX_THREADS};
-use flash_attn_kernels::params::{BwdParams, RowStatsRef, Strides, TensorRef};
+use flash_attn_kernels::params::{BwdParams, Strides, TensorRef};
 use flash_attn_kernels::registry::{self, KernelDType, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS};
 use std::sync::Arc;
 
@@ -110,6 +113,105 @@ pub fn flash_attn_backward_into<T: Element>(
         &dims(dk.shape(), "dK")?,
         &dims(dv.shape(), "dV")?,
     )?;
+    let runs = gpu_runs(&shape, params, None)?;
+    run_backward(
+        dev,
+        &shape,
+        [q, k, v, o, d_o],
+        lse,
+        params,
+        mode,
+        &runs,
+        [dq, dk, dv],
+    )
+}
+
+/// Gradients of [`crate::flash_attn_varlen`]: Q, O, dO and the returned dQ are
+/// `[total_q, Hq, d]`, K, V, dK and dV `[total_k, Hkv, d]`, LSE `[Hq, total_q]`; sequences
+/// as [`Varlen`] describes. Otherwise as [`flash_attn_backward`].
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_backward<T: Element>(
+    dev: &Device,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    o: &DeviceTensor<T>,
+    d_o: &DeviceTensor<T>,
+    lse: &DeviceTensor<f32>,
+    varlen: &Varlen,
+    params: &AttnParams,
+    mode: BwdMode,
+) -> Result<(DeviceTensor<T>, DeviceTensor<T>, DeviceTensor<T>)> {
+    check_dtype::<T>()?;
+    let mut dq = DeviceTensor::uninit(dev, q.shape())?;
+    let mut dk = DeviceTensor::uninit(dev, k.shape())?;
+    let mut dv = DeviceTensor::uninit(dev, k.shape())?;
+    flash_attn_varlen_backward_into(
+        dev, q, k, v, o, d_o, lse, varlen, params, mode, &mut dq, &mut dk, &mut dv,
+    )?;
+    Ok((dq, dk, dv))
+}
+
+/// [`flash_attn_varlen_backward`] writing into caller-provided dQ, dK and dV.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_backward_into<T: Element>(
+    dev: &Device,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    o: &DeviceTensor<T>,
+    d_o: &DeviceTensor<T>,
+    lse: &DeviceTensor<f32>,
+    varlen: &Varlen,
+    params: &AttnParams,
+    mode: BwdMode,
+    dq: &mut DeviceTensor<T>,
+    dk: &mut DeviceTensor<T>,
+    dv: &mut DeviceTensor<T>,
+) -> Result<()> {
+    check_dtype::<T>()?;
+    let (shape, lens) = varlen_shape(dev, [q, k, v], varlen, params)?;
+    check_varlen_outputs(&shape, q.shape(), o.shape(), lse.shape())?;
+    for (name, t, like) in [
+        ("dO", d_o.shape(), q.shape()),
+        ("gradient dQ", dq.shape(), q.shape()),
+        ("gradient dK", dk.shape(), k.shape()),
+        ("gradient dV", dv.shape(), k.shape()),
+    ] {
+        if t != like {
+            return Err(FlashError::Shape(format!(
+                "{name} is {t:?}, expected {like:?}"
+            )));
+        }
+    }
+    let runs = gpu_runs(&shape, params, Some(&lens))?;
+    run_backward(
+        dev,
+        &shape,
+        [q, k, v, o, d_o],
+        lse,
+        params,
+        mode,
+        &runs,
+        [dq, dk, dv],
+    )
+}
+
+/// The backward of a checked call of `shape` (padded, or a varlen batch's longest lengths)
+/// over its runs of sequences: the remaining checks, then per run the pre-pass, the main
+/// kernel and the dQ conversion (a run without keys gets dQ = 0, one without queries
+/// dK = dV = 0).
+#[allow(clippy::too_many_arguments)]
+fn run_backward<T: Element>(
+    dev: &Device,
+    shape: &AttnShape,
+    [q, k, v, o, d_o]: [&DeviceTensor<T>; 5],
+    lse: &DeviceTensor<f32>,
+    params: &AttnParams,
+    mode: BwdMode,
+    runs: &[SeqRun],
+    [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
+) -> Result<()> {
     let d = shape.head_dim;
     let kernel = registry::bwd_kernel(d, params.mask_kind()).ok_or(FlashError::HeadDim(d))?;
     let dtype = match T::DTYPE {
@@ -128,7 +230,7 @@ pub fn flash_attn_backward_into<T: Element>(
                 "{name} belongs to another device or context"
             )));
         }
-        if t.strides()[3] != 1 {
+        if t.strides().last() != Some(&1) {
             return Err(FlashError::Layout(format!(
                 "{name}: the head dim must be contiguous (stride 1)"
             )));
@@ -157,7 +259,7 @@ pub fn flash_attn_backward_into<T: Element>(
         ));
     }
 
-    if lse.strides()[2] != 1 {
+    if lse.strides().last() != Some(&1) {
         return Err(FlashError::Layout(
             "LSE: the sequence dim must be contiguous (stride 1)".into(),
         ));
@@ -172,22 +274,11 @@ pub fn flash_attn_backward_into<T: Element>(
     let dq_packed = packed_output(dev, dq, padded_d)?;
     let dk_packed = packed_output(dev, dk, padded_d)?;
     let dv_packed = packed_output(dev, dv, padded_d)?;
-    let (b, nq, hq) = (shape.batch, shape.seqlen_q, shape.heads_q);
+    let (b, hq) = (shape.batch, shape.heads_q);
     let mask = DeviceMask::new(dev, params, (b, hq, d))?;
-    let delta = DeviceTensor::<f32>::uninit(dev, &[b, hq, nq])?;
-    let key_tiles = shape.seqlen_k.div_ceil(tile.block_n);
-    // Whole query tiles and the compiled head dim: the main kernel's adds are unchecked.
-    let (accum_rows, accum_d) = (nq.div_ceil(tile.block_m) * tile.block_m, tile.head_dim);
-    let one_accum = b * accum_rows * hq * accum_d;
-    let splits = match mode {
-        BwdMode::Fast => 1,
-        BwdMode::Deterministic => {
-            deterministic_splits(dev.sm_count(), b * shape.heads_kv, key_tiles, one_accum * 4)
-        }
-    };
-    let dq_accum = DeviceTensor::<f32>::zeros(dev, &[splits, b, accum_rows, hq, accum_d])?;
-    let accum_strides = dq_accum.strides();
-    let p = BwdParams {
+    // D has LSE's layout: [B, Hq, Nq], or [Hq, total_q] for a varlen batch.
+    let delta = DeviceTensor::<f32>::uninit(dev, lse.shape())?;
+    let base = BwdParams {
         q: operand(dev, q, &packed[0]),
         k: operand(dev, k, &packed[1]),
         v: operand(dev, v, &packed[2]),
@@ -196,65 +287,112 @@ pub fn flash_attn_backward_into<T: Element>(
         dq: operand(dev, dq, &dq_packed),
         dk: operand(dev, dk, &dk_packed),
         dv: operand(dev, dv, &dv_packed),
-        dq_accum: TensorRef {
-            ptr: dq_accum.device_address(dev),
-            strides: Strides {
-                batch: accum_strides[1] as u64,
-                row: accum_strides[2] as u64,
-                head: accum_strides[3] as u64,
-            },
-        },
-        lse: RowStatsRef {
-            ptr: lse.device_address(dev),
-            batch_stride: lse.strides()[0] as u64,
-            head_stride: lse.strides()[1] as u64,
-        },
-        delta: RowStatsRef {
-            ptr: delta.device_address(dev),
-            batch_stride: (hq * nq) as u64,
-            head_stride: nq as u64,
-        },
+        dq_accum: TensorRef::default(),
+        lse: lse_ref(dev, lse),
+        delta: lse_ref(dev, &delta),
         dims: shape.seq_dims(padded_d),
         scale_log2,
         scale,
         mask: mask.args,
-        dq_split_stride: match mode {
-            BwdMode::Fast => 0,
-            BwdMode::Deterministic => one_accum as u64,
-        },
-        dq_splits: splits as u32,
+        dq_split_stride: 0,
+        dq_splits: 1,
         reserved: 0,
     };
-    let aux_grid = bwd_aux_grid(b * nq, hq, padded_d);
     let threads = BWD_AUX_THREADS as u32;
-    // SAFETY: every pointer and stride in `p` comes from live tensors whose shapes were checked
-    // above; the launches use the registry's grid, block and shared memory.
-    unsafe {
-        launch(
-            dev,
-            BWD_PREP_KERNELS[dtype as usize],
-            aux_grid,
-            threads,
-            0,
-            p,
-        )?;
-        // Fast: one block per key tile. Deterministic: `splits` blocks, each over key tiles
-        // `x, x + splits, …` (see `BwdMode`).
-        let blocks = match mode {
-            BwdMode::Fast => key_tiles,
-            BwdMode::Deterministic => splits,
+    // Accumulators of earlier runs, freed in stream order after the launches that use them.
+    let mut accums = Vec::with_capacity(runs.len());
+    for run in runs {
+        let (len_q, len_k) = (run.len_q, run.len_k);
+        let key_tiles = len_k.div_ceil(tile.block_n);
+        // Whole query tiles and the compiled head dim: the main kernel's adds are unchecked.
+        let (accum_rows, accum_d) = (len_q.div_ceil(tile.block_m) * tile.block_m, tile.head_dim);
+        let one_accum = run.count * accum_rows * hq * accum_d;
+        let splits = match mode {
+            BwdMode::Fast => 1,
+            BwdMode::Deterministic => deterministic_splits(
+                dev.sm_count(),
+                run.count * shape.heads_kv,
+                key_tiles,
+                one_accum * 4,
+            ),
         };
-        let grid = (blocks as u32, shape.heads_kv as u32, b as u32);
-        launch(
-            dev,
-            kernel.name(dtype),
-            grid,
-            tile.threads() as u32,
-            tile.smem_bytes(),
-            p,
-        )?;
-        let convert = BWD_CONVERT_KERNELS[dtype as usize];
-        launch(dev, convert, aux_grid, threads, 0, p)?;
+        let dq_accum = match len_q {
+            0 => None, // no query rows: the main kernel only writes dK = dV = 0
+            _ => Some(DeviceTensor::<f32>::zeros(
+                dev,
+                &[splits, run.count, accum_rows, hq, accum_d],
+            )?),
+        };
+        let p = BwdParams {
+            q: run.tensor(base.q, true),
+            k: run.tensor(base.k, false),
+            v: run.tensor(base.v, false),
+            o: run.tensor(base.o, true),
+            d_o: run.tensor(base.d_o, true),
+            dq: run.tensor(base.dq, true),
+            dk: run.tensor(base.dk, false),
+            dv: run.tensor(base.dv, false),
+            dq_accum: dq_accum.as_ref().map_or(TensorRef::default(), |a| {
+                let st = a.strides();
+                TensorRef {
+                    ptr: a.device_address(dev),
+                    strides: Strides {
+                        batch: st[1] as u64,
+                        row: st[2] as u64,
+                        head: st[3] as u64,
+                    },
+                }
+            }),
+            lse: run.stats(base.lse),
+            delta: run.stats(base.delta),
+            dims: run.dims(shape, padded_d),
+            mask: run.mask(base.mask),
+            dq_split_stride: match mode {
+                BwdMode::Fast => 0,
+                BwdMode::Deterministic => one_accum as u64,
+            },
+            dq_splits: splits as u32,
+            ..base
+        };
+        let aux_grid = bwd_aux_grid(run.count * len_q, hq, padded_d);
+        // SAFETY: every pointer and stride in `p` comes from live tensors whose shapes were
+        // checked above, the run's rows from validated lengths within them; the launches use
+        // the registry's grid, block and shared memory.
+        unsafe {
+            if len_q > 0 && len_k > 0 {
+                launch(
+                    dev,
+                    BWD_PREP_KERNELS[dtype as usize],
+                    aux_grid,
+                    threads,
+                    0,
+                    p,
+                )?;
+            }
+            if len_k > 0 {
+                // Fast: one block per key tile. Deterministic: `splits` blocks, each over key
+                // tiles `x, x + splits, …` (see `BwdMode`).
+                let blocks = match mode {
+                    BwdMode::Fast => key_tiles,
+                    BwdMode::Deterministic => splits,
+                };
+                let grid = (blocks as u32, shape.heads_kv as u32, run.count as u32);
+                launch(
+                    dev,
+                    kernel.name(dtype),
+                    grid,
+                    tile.threads() as u32,
+                    tile.smem_bytes(),
+                    p,
+                )?;
+            }
+            if len_q > 0 {
+                // dQ (0 for rows of a run without keys: the accumulators stay zero).
+                let convert = BWD_CONVERT_KERNELS[dtype as usize];
+                launch(dev, convert, aux_grid, threads, 0, p)?;
+            }
+        }
+        accums.push(dq_accum);
     }
     for (out, packed) in [(&*dq, &dq_packed), (&*dk, &dk_packed), (&*dv, &dv_packed)] {
         if let Some(packed) = packed {

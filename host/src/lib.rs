@@ -17,11 +17,15 @@ pub mod kernels;
 mod launch;
 mod mask;
 pub mod params;
+pub mod seqs;
 pub mod shape;
 pub mod tensor;
 pub mod timing;
 
-pub use bwd::{deterministic_splits, flash_attn_backward, flash_attn_backward_into, BwdMode};
+pub use bwd::{
+    deterministic_splits, flash_attn_backward, flash_attn_backward_into,
+    flash_attn_varlen_backward, flash_attn_varlen_backward_into, BwdMode,
+};
 pub use decode::{
     attn_with_kvcache, attn_with_kvcache_into, auto_decode_splits, decode_splits,
     merge_attention_states, DecodeOptions, HostCacheMeta, KvCache, NewKv,
@@ -29,6 +33,7 @@ pub use decode::{
 pub use device::{device_count, Device};
 pub use dtype::{DType, Element};
 pub use error::{FlashError, Result};
-pub use fwd::{flash_attn, flash_attn_into};
+pub use fwd::{flash_attn, flash_attn_into, flash_attn_varlen, flash_attn_varlen_into};
 pub use params::AttnParams;
+pub use seqs::{HostVarlen, Varlen};
 pub use tensor::DeviceTensor;

@@ -45,7 +45,8 @@ impl DeviceMask {
 
 impl<'a> AttnParams<'a> {
     /// These options for batch entry `batch` alone (a call of batch 1): per-(batch, head)
-    /// ALiBi slopes are cut to the entry's `[Hq]`; the rest is unchanged.
+    /// ALiBi slopes are cut to the entry's `[Hq]` and key lengths to the entry's; the rest is
+    /// unchanged.
     pub fn for_entry(&self, batch: usize, heads_q: usize) -> AttnParams<'a> {
         let alibi_slopes = self.alibi_slopes.map(|s| {
             if s.len() == heads_q {
@@ -56,6 +57,7 @@ impl<'a> AttnParams<'a> {
         });
         AttnParams {
             alibi_slopes,
+            seqlens_k: self.seqlens_k.map(|l| &l[batch..batch + 1]),
             ..*self
         }
     }

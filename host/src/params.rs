@@ -34,6 +34,13 @@ pub struct AttnParams<'a> {
     /// `−slope·|i + Nk − Nq − j|` is added to the logits (after the softcap), FlashAttention's
     /// convention. The GPU path copies them to the device on every call.
     pub alibi_slopes: Option<&'a [f32]>,
+    /// Key padding of a padded batch: entry `b` attends to its first `seqlens_k[b]` keys
+    /// (`[B]`, each in `0 ..= Nk`; the rest of K and V is never read), with causal masking and
+    /// windows bottom-right aligned at that length, as if the entry had only those keys; its
+    /// dK and dV rows past the length are 0. An entry of length 0 gives O = 0 and LSE = −∞.
+    /// The GPU path copies them to the device on every call. Not for [`crate::Varlen`] calls
+    /// (their `cu_seqlens_k` give every sequence's keys).
+    pub seqlens_k: Option<&'a [i32]>,
 }
 
 impl AttnParams<'_> {

@@ -280,7 +280,12 @@ impl MaskRecipe {
     /// `params` with this recipe's masks for a call of `batch` entries and `heads_q` query
     /// heads; the slopes (uniform in `[0, 0.5)`, random signs in a tenth) are leaked, a few
     /// bytes per test case.
-    pub fn apply(&self, params: AttnParams, batch: usize, heads_q: usize) -> AttnParams<'static> {
+    pub fn apply<'a>(
+        &self,
+        params: AttnParams<'a>,
+        batch: usize,
+        heads_q: usize,
+    ) -> AttnParams<'a> {
         let slopes: Option<&'static [f32]> = match self.alibi {
             Alibi::None => None,
             alibi => {
@@ -309,6 +314,7 @@ impl MaskRecipe {
             window: self.window,
             softcap: self.softcap,
             alibi_slopes: slopes,
+            seqlens_k: params.seqlens_k,
         }
     }
 }

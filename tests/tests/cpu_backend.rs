@@ -258,6 +258,7 @@ const OK: AttnParams<'static> = AttnParams {
     window: None,
     softcap: None,
     alibi_slopes: None,
+    seqlens_k: None,
 };
 
 fn is_shape(e: &FlashError) -> bool {

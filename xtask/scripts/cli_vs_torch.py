@@ -20,8 +20,14 @@ and ALiBi slopes (`alibi_slopes`, F32 [Hq] or [B, Hq], in the input file), each 
 half of those cases; the PyTorch side applies them the FlashAttention way (softcap on the
 scaled scores, then the bias −slope·|i + Nk − Nq − j|, the window bottom-right aligned).
 
+With --varlen-share F (default 0.2), that share of the forward/backward cases has
+sequences of different lengths (0 and 1 included): half of them a packed varlen batch (q, k,
+v `[total, H, d]` with `cu_seqlens_q`, `cu_seqlens_k` I32 `[B + 1]` in the input file; the
+outputs `o`, `dq` `[total_q, Hq, d]`, `lse` `[Hq, total_q]`), half a padded batch with key
+padding (`seqlens_k` I32 `[B]`); PyTorch runs each sequence on its own rows and keys.
+
 Usage: cli_vs_torch.py CLI_BINARY [--cases N] [--seed S] [--cpu] [--backward-share F]
-       [--decode-share F] [--mask-share F]
+       [--decode-share F] [--mask-share F] [--varlen-share F]
 """
 import math
 import os
@@ -90,6 +96,60 @@ def draw_masks(rng, b, hq, share):
         shape = [hq] if rng.random() < 0.5 else [b, hq]
         masks["alibi"] = torch.rand(*shape, dtype=torch.float64) * 0.5
     return masks, flags
+
+
+def seq_attention(q, k, v, causal, scale, masks, seqs):
+    """`attention` per sequence: `seqs` is None (one padded call), ("varlen", cu_q, cu_k) with
+    packed [total, H, d] tensors (returns O [total_q, Hq, d], LSE [Hq, total_q]), or
+    ("keys", lens) for a padded batch whose entry b sees its first lens[b] keys."""
+    if seqs is None:
+        return attention(q, k, v, causal, scale, masks)
+
+    def seq_masks(b):
+        m = dict(masks)
+        if m.get("alibi") is not None and m["alibi"].dim() == 2:
+            m["alibi"] = m["alibi"][b]
+        return m
+
+    os_, lses = [], []
+    if seqs[0] == "varlen":
+        _, cu_q, cu_k = seqs
+        for b in range(len(cu_q) - 1):
+            rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+            o, lse = attention(q[rq][None], k[rk][None], v[rk][None], causal, scale, seq_masks(b))
+            os_.append(o[0])
+            lses.append(lse[0])
+        return torch.cat(os_, dim=0), torch.cat(lses, dim=1)
+    _, lens = seqs
+    for b, n in enumerate(lens):
+        o, lse = attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal, scale, seq_masks(b))
+        os_.append(o)
+        lses.append(lse)
+    return torch.cat(os_, dim=0), torch.cat(lses, dim=0)
+
+
+def draw_seqs(rng, b, nq, nk):
+    """Random per-sequence lengths: ("varlen", cu_q, cu_k) or ("keys", lens)."""
+    lengths = [0, 1, 7, 16, 63, 64, 65, 128, 129, 200, 257]
+    if rng.random() < 0.5:
+        lens = [rng.choice(lengths + [nk] * 3) for _ in range(b)]
+        return ("keys", [min(n, nk) for n in lens])
+    cu_q, cu_k = [0], [0]
+    for _ in range(b):
+        cu_q.append(cu_q[-1] + rng.choice(lengths))
+        cu_k.append(cu_k[-1] + rng.choice(lengths))
+    cu_q[-1] += 1 if cu_q[-1] == 0 else 0  # the packed tensors are never empty
+    cu_k[-1] += 1 if cu_k[-1] == 0 else 0
+    return ("varlen", cu_q, cu_k)
+
+
+def describe_seqs(seqs):
+    if seqs is None:
+        return ""
+    if seqs[0] == "keys":
+        return f" seqlens_k={seqs[1]}"
+    lens = lambda cu: [cu[i + 1] - cu[i] for i in range(len(cu) - 1)]
+    return f" varlen q={lens(seqs[1])} k={lens(seqs[2])}"
 
 
 def max_err(a, ref):
@@ -213,6 +273,7 @@ def main():
     share = float(args[args.index("--backward-share") + 1]) if "--backward-share" in args else 0.2
     decode_share = float(args[args.index("--decode-share") + 1]) if "--decode-share" in args else 0.0
     mask_share = float(args[args.index("--mask-share") + 1]) if "--mask-share" in args else 0.3
+    varlen_share = float(args[args.index("--varlen-share") + 1]) if "--varlen-share" in args else 0.2
     cpu = "--cpu" in args
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -257,14 +318,23 @@ def main():
             causal = rng.random() < 0.5
             scale = rng.choice([None, 0.3, -0.2, 1.0 / math.sqrt(d)])
             backward = rng.random() < share
-            q = torch.randn(b, nq, hq, d, dtype=torch.float64)
-            k = torch.randn(b, nk, hkv, d, dtype=torch.float64)
-            v = torch.randn(b, nk, hkv, d, dtype=torch.float64)
+            seqs = draw_seqs(rng, b, nq, nk) if rng.random() < varlen_share else None
+            q_shape, kv_shape = [b, nq, hq, d], [b, nk, hkv, d]
+            if seqs is not None and seqs[0] == "varlen":
+                q_shape, kv_shape = [seqs[1][-1], hq, d], [seqs[2][-1], hkv, d]
+            q = torch.randn(*q_shape, dtype=torch.float64)
+            k = torch.randn(*kv_shape, dtype=torch.float64)
+            v = torch.randn(*kv_shape, dtype=torch.float64)
             tensors = {"q": q.to(dt), "k": k.to(dt), "v": v.to(dt)}
             if backward:
-                tensors["do"] = torch.randn(b, nq, hq, d, dtype=torch.float64).to(dt)
+                tensors["do"] = torch.randn(*q_shape, dtype=torch.float64).to(dt)
             masks, flags = draw_masks(rng, b, hq, mask_share)
             files = dict(tensors)
+            if seqs is not None and seqs[0] == "varlen":
+                files["cu_seqlens_q"] = torch.tensor(seqs[1], dtype=torch.int32)
+                files["cu_seqlens_k"] = torch.tensor(seqs[2], dtype=torch.int32)
+            elif seqs is not None:
+                files["seqlens_k"] = torch.tensor(seqs[1], dtype=torch.int32)
             if "alibi" in masks:
                 files["alibi_slopes"] = masks["alibi"].float()
                 masks["alibi"] = masks["alibi"].float().double()  # what the CLI reads
@@ -280,7 +350,7 @@ def main():
             if backward:
                 cmd.append("--backward")
             r = subprocess.run(cmd, capture_output=True, text=True)
-            desc = f"{dtype_name} B={b} Nq={nq} Nk={nk} Hq={hq} Hkv={hkv} d={d} causal={causal} scale={scale} bwd={backward} masks={describe(masks)}"
+            desc = f"{dtype_name} B={b} Nq={nq} Nk={nk} Hq={hq} Hkv={hkv} d={d} causal={causal} scale={scale} bwd={backward} masks={describe(masks)}{describe_seqs(seqs)}"
             if r.returncode != 0:
                 print(f"FAIL {desc}: exit {r.returncode}: {r.stderr.strip()}")
                 failures += 1
@@ -289,14 +359,16 @@ def main():
             sc = scale if scale is not None else 1.0 / math.sqrt(d)
             # float64 reference and the same-dtype naive attention, with autograd for backward
             ins = [t.double().to(dev).requires_grad_(backward) for t in (tensors["q"], tensors["k"], tensors["v"])]
-            o_ref, lse_ref = attention(*ins, causal, sc, masks)
+            o_ref, lse_ref = seq_attention(*ins, causal, sc, masks, seqs)
             ins_lp = [t.to(dev).requires_grad_(backward) for t in (tensors["q"], tensors["k"], tensors["v"])]
-            o_lp, lse_lp = attention(*ins_lp, causal, sc, masks)
+            o_lp, lse_lp = seq_attention(*ins_lp, causal, sc, masks, seqs)
             checks = [("o", got["o"], o_ref, o_lp), ("lse", got["lse"], lse_ref, lse_lp)]
             if backward:
                 g = tensors["do"].to(dev)
-                refs = torch.autograd.grad(o_ref, ins, g.double())
-                lps = torch.autograd.grad(o_lp, ins_lp, g)
+                # allow_unused: with key padding or empty sequences some inputs may not be read
+                fill = lambda gs, xs: [torch.zeros_like(x) if gr is None else gr for gr, x in zip(gs, xs)]
+                refs = fill(torch.autograd.grad(o_ref, ins, g.double(), allow_unused=True), ins)
+                lps = fill(torch.autograd.grad(o_lp, ins_lp, g, allow_unused=True), ins_lp)
                 for name, r64, rlp in zip(["dq", "dk", "dv"], refs, lps):
                     checks.append((name, got[name], r64, rlp))
             ok = True

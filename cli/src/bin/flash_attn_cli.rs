@@ -17,6 +17,7 @@ use clap::{ArgAction, Parser};
 use flash_attn::shape::check_shapes;
 use flash_attn::{
     cpu, AttnParams, BwdMode, DType, DecodeOptions, Device, DeviceTensor, Element, FlashError,
+    HostVarlen, Varlen,
 };
 use flash_attn_cli::input::{
     read_npy, read_safetensors, FileElement, RawTensor, SafetensorsFile, FLOAT_DTYPES,
@@ -27,7 +28,7 @@ use flash_attn_cli::CliError;
 use flash_attn_kernels::config::MAX_DECODE_SPLITS;
 use flash_attn_kernels::registry;
 use half::{bf16, f16};
-use ndarray::{Array1, Array2, Array3, Array4, Ix1, Ix2};
+use ndarray::{Array1, Array2, Array3, Array4, ArrayView3, Axis, Ix1, Ix2};
 use safetensors::{tensor::TensorView, Dtype};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -297,20 +298,21 @@ fn run(args: &Args) -> Result<(), CliError> {
             name(&args.v_name, "v"),
             name(&args.do_name, "do"),
         ];
-        let [q, k, v, d_o] = read_safetensors(path, &names)?;
+        let [mut q, mut k, mut v, mut d_o] = read_safetensors(path, &names)?;
         check_dtypes(&q, [&k, &v, &d_o])?;
-        let alibi = read_alibi(args, &q.shape)?;
-        let params = attn_params(args, alibi.as_deref());
+        let seqs = read_seqs(args, [&mut q, &mut k, &mut v, &mut d_o])?;
+        let alibi = read_alibi(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
+        let params = attn_params(args, alibi.as_deref(), seqs.seqlens_k.as_deref());
         let raw = [&q, &k, &v, &d_o];
         let out = outputs.safetensors;
         return match q.dtype {
-            DType::F16 => run_backward::<f16>(args, &params, raw, out),
-            DType::BF16 => run_backward::<bf16>(args, &params, raw, out),
-            DType::F32 => run_backward::<f32>(args, &params, raw, out),
+            DType::F16 => run_backward::<f16>(args, &params, &seqs, raw, out),
+            DType::BF16 => run_backward::<bf16>(args, &params, &seqs, raw, out),
+            DType::F32 => run_backward::<f32>(args, &params, &seqs, raw, out),
             DType::I32 => unreachable!("read_safetensors reads float tensors only"),
         };
     }
-    let [q, k, v] = match (&args.input, &args.npy) {
+    let [mut q, mut k, mut v] = match (&args.input, &args.npy) {
         (Some(path), _) => {
             let names = [
                 name(&args.q_name, "q"),
@@ -331,30 +333,119 @@ fn run(args: &Args) -> Result<(), CliError> {
         }
     };
     check_dtypes(&q, [&k, &v])?;
-    let alibi = read_alibi(args, &q.shape)?;
-    let params = attn_params(args, alibi.as_deref());
+    let seqs = read_seqs(args, [&mut q, &mut k, &mut v])?;
+    let alibi = read_alibi(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
+    let params = attn_params(args, alibi.as_deref(), seqs.seqlens_k.as_deref());
     match q.dtype {
-        DType::F16 => run_typed::<f16>(args, &params, [&q, &k, &v], outputs),
-        DType::BF16 => run_typed::<bf16>(args, &params, [&q, &k, &v], outputs),
-        DType::F32 => run_typed::<f32>(args, &params, [&q, &k, &v], outputs),
+        DType::F16 => run_typed::<f16>(args, &params, &seqs, [&q, &k, &v], outputs),
+        DType::BF16 => run_typed::<bf16>(args, &params, &seqs, [&q, &k, &v], outputs),
+        DType::F32 => run_typed::<f32>(args, &params, &seqs, [&q, &k, &v], outputs),
         DType::I32 => unreachable!("the readers read float tensors only"),
     }
 }
 
-/// The options of the call, with `alibi` the slopes from [`read_alibi`].
-fn attn_params<'a>(args: &Args, alibi: Option<&'a [f32]>) -> AttnParams<'a> {
+/// The options of the call, with `alibi` the slopes from [`read_alibi`] and `seqlens_k` the
+/// key lengths from [`read_seqs`].
+fn attn_params<'a>(
+    args: &Args,
+    alibi: Option<&'a [f32]>,
+    seqlens_k: Option<&'a [i32]>,
+) -> AttnParams<'a> {
     AttnParams {
         causal: args.causal,
         softmax_scale: args.scale,
         window: args.window,
         softcap: args.softcap,
         alibi_slopes: alibi,
+        seqlens_k,
     }
 }
 
-/// The ALiBi slopes `alibi_slopes` of the safetensors input (F32, `[Hq]` or `[B, Hq]` for Q of
-/// shape `q_shape`), or `None` when it has none (or the input is .npy files).
-fn read_alibi(args: &Args, q_shape: &[usize]) -> Result<Option<Vec<f32>>, CliError> {
+/// Per-sequence lengths from the safetensors input: a packed varlen batch (`cu_seqlens_q`,
+/// `cu_seqlens_k`) or key padding (`seqlens_k`).
+#[derive(Default)]
+struct Seqs {
+    /// The prefix sums of a varlen batch, `[B + 1]` each.
+    varlen: Option<(Vec<i32>, Vec<i32>)>,
+    /// Keys per batch entry of a padded batch, `[B]`.
+    seqlens_k: Option<Vec<i32>>,
+}
+
+impl Seqs {
+    /// The batch size: the number of sequences of a varlen batch, else Q's first dim.
+    fn batch(&self, q_shape: &[usize]) -> usize {
+        match &self.varlen {
+            Some((cu_q, _)) => cu_q.len().saturating_sub(1),
+            None => dim(q_shape, 0),
+        }
+    }
+}
+
+/// Size `i` of `shape`, 0 past its rank (the rank is checked where the tensor is decoded).
+fn dim(shape: &[usize], i: usize) -> usize {
+    shape.get(i).copied().unwrap_or(0)
+}
+
+/// The names of the lengths tensors.
+const SEQ_NAMES: [&str; 3] = ["cu_seqlens_q", "cu_seqlens_k", "seqlens_k"];
+
+/// Reads the lengths tensors of the safetensors input (I32, rank 1). With a varlen batch the
+/// float tensors are packed `[total, H, d]`: they are given a leading batch dim of 1 here (the
+/// passes run them as one batch entry; the outputs drop it again).
+fn read_seqs<const N: usize>(args: &Args, tensors: [&mut RawTensor; N]) -> Result<Seqs, CliError> {
+    let Some(path) = &args.input else {
+        return Ok(Seqs::default());
+    };
+    let file = SafetensorsFile::read(path)?;
+    let read = |name: &str| -> Result<Option<Vec<i32>>, CliError> {
+        let Some(t) = file.tensor(
+            name,
+            &[DType::I32],
+            "cu_seqlens_q, cu_seqlens_k and seqlens_k must be I32",
+        )?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(t.to_array_nd::<i32, Ix1>("[N]")?.to_vec()))
+    };
+    let [cu_q, cu_k, lens] = SEQ_NAMES.map(read);
+    let seqs = match (cu_q?, cu_k?, lens?) {
+        (Some(q), Some(k), None) => Seqs {
+            varlen: Some((q, k)),
+            seqlens_k: None,
+        },
+        (None, None, lens) => Seqs {
+            varlen: None,
+            seqlens_k: lens,
+        },
+        (Some(_), Some(_), Some(_)) => {
+            return Err(CliError::Attention(
+                "seqlens_k (key padding of a padded batch) cannot be combined with cu_seqlens_q/cu_seqlens_k (varlen)".into(),
+            ))
+        }
+        _ => {
+            return Err(CliError::Attention(
+                "give both cu_seqlens_q and cu_seqlens_k (a varlen batch), or neither".into(),
+            ))
+        }
+    };
+    if seqs.varlen.is_some() {
+        for t in tensors {
+            if t.shape.len() != 3 {
+                return Err(CliError::Attention(format!(
+                    "`{}` is {:?}: with cu_seqlens_q/cu_seqlens_k the tensors are packed [total, H, d]",
+                    t.name, t.shape
+                )));
+            }
+            t.shape.insert(0, 1);
+        }
+    }
+    Ok(seqs)
+}
+
+/// The ALiBi slopes `alibi_slopes` of the safetensors input (F32, `[Hq]` or `[B, Hq]` for `b`
+/// sequences of `hq` query heads), or `None` when it has none (or the input is .npy files).
+fn read_alibi(args: &Args, b: usize, hq: usize) -> Result<Option<Vec<f32>>, CliError> {
     let Some(path) = &args.input else {
         return Ok(None);
     };
@@ -362,7 +453,6 @@ fn read_alibi(args: &Args, q_shape: &[usize]) -> Result<Option<Vec<f32>>, CliErr
     let Some(t) = file.tensor(ALIBI_NAME, &[DType::F32], "alibi_slopes must be F32")? else {
         return Ok(None);
     };
-    let (b, hq) = (q_shape[0], q_shape[2]);
     if t.shape != [hq] && t.shape != [b, hq] {
         return Err(CliError::Attention(format!(
             "alibi_slopes is {:?}, expected [{hq}] ([Hq]) or [{b}, {hq}] ([B, Hq])",
@@ -433,6 +523,7 @@ fn pick_backend(dtype: DType, force_cpu: bool) -> Backend {
 fn run_typed<T: FileElement>(
     args: &Args,
     params: &AttnParams,
+    seqs: &Seqs,
     raw: [&RawTensor; 3],
     outputs: Outputs,
 ) -> Result<(), CliError> {
@@ -452,8 +543,8 @@ fn run_typed<T: FileElement>(
     let backend = pick_backend(T::DTYPE, args.cpu);
     let start = Instant::now();
     let (o, lse) = match &backend {
-        Backend::Gpu(dev) => gpu_forward(dev, &q, &k, &v, params),
-        Backend::Cpu => cpu::attention_cpu(q.view(), k.view(), v.view(), params),
+        Backend::Gpu(dev) => gpu_forward(dev, [&q, &k, &v], params, seqs),
+        Backend::Cpu => cpu_forward([&q, &k, &v], params, seqs),
     }
     .map_err(|e| match e {
         FlashError::HeadDim(_) if matches!(backend, Backend::Gpu(_)) => CliError::Attention(
@@ -474,8 +565,13 @@ fn run_typed<T: FileElement>(
         safetensors: mut st_out,
         npy,
     } = outputs;
+    let (o, lse) = (unbatch(o, seqs), unbatch(lse, seqs));
     let tensors = [named("o", T::ST_DTYPE, &o), named("lse", Dtype::F32, &lse)];
-    fill_safetensors(&mut st_out, &tensors, metadata(&backend, params, scale, []))?;
+    fill_safetensors(
+        &mut st_out,
+        &tensors,
+        metadata(&backend, params, scale, seqs, []),
+    )?;
     let o_values: Vec<T> = o.iter().copied().collect();
     let lse_values: Vec<f32> = lse.iter().copied().collect();
     let npy = match npy {
@@ -517,22 +613,135 @@ fn run_typed<T: FileElement>(
 /// Forward and backward outputs: O, LSE, dQ, dK, dV.
 type FwdBwd<T> = (Array4<T>, Array3<f32>, Array4<T>, Array4<T>, Array4<T>);
 
+/// A varlen call's outputs as written: without the leading batch dim of 1 that the passes
+/// run the packed tensors with ([`read_seqs`]); other calls' outputs unchanged.
+fn unbatch<T, D: ndarray::RemoveAxis>(a: ndarray::Array<T, D>, seqs: &Seqs) -> ndarray::ArrayD<T> {
+    match seqs.varlen {
+        Some(_) => a.index_axis_move(Axis(0), 0).into_dyn(),
+        None => a.into_dyn(),
+    }
+}
+
+/// A packed tensor run as one batch entry, as the varlen API takes it (`[total, H, d]`).
+fn packed<T>(a: &Array4<T>) -> ArrayView3<'_, T> {
+    a.index_axis(Axis(0), 0)
+}
+
+/// The forward pass on the CPU backend.
+fn cpu_forward<T: Element>(
+    [q, k, v]: [&Array4<T>; 3],
+    params: &AttnParams,
+    seqs: &Seqs,
+) -> flash_attn::Result<(Array4<T>, Array3<f32>)> {
+    match &seqs.varlen {
+        None => cpu::attention_cpu(q.view(), k.view(), v.view(), params),
+        Some((cu_q, cu_k)) => {
+            let (o, lse) =
+                cpu::attention_varlen_cpu(packed(q), packed(k), packed(v), (cu_q, cu_k), params)?;
+            Ok((o.insert_axis(Axis(0)), lse.insert_axis(Axis(0))))
+        }
+    }
+}
+
 /// The forward and backward passes on the CPU backend.
 fn cpu_forward_backward<T: Element>(
     [q, k, v, d_o]: [&Array4<T>; 4],
     params: &AttnParams,
+    seqs: &Seqs,
 ) -> flash_attn::Result<FwdBwd<T>> {
-    let (o, lse) = cpu::attention_cpu(q.view(), k.view(), v.view(), params)?;
-    let (dq, dk, dv) = cpu::attention_backward_cpu(
-        q.view(),
-        k.view(),
-        v.view(),
-        o.view(),
-        d_o.view(),
-        lse.view(),
-        params,
-    )?;
+    let (o, lse) = cpu_forward([q, k, v], params, seqs)?;
+    let (dq, dk, dv) = match &seqs.varlen {
+        None => cpu::attention_backward_cpu(
+            q.view(),
+            k.view(),
+            v.view(),
+            o.view(),
+            d_o.view(),
+            lse.view(),
+            params,
+        )?,
+        Some((cu_q, cu_k)) => {
+            let (dq, dk, dv) = cpu::attention_varlen_backward_cpu(
+                packed(q),
+                packed(k),
+                packed(v),
+                packed(&o),
+                packed(d_o),
+                lse.index_axis(Axis(0), 0),
+                (cu_q, cu_k),
+                params,
+            )?;
+            let b = |t: Array3<T>| t.insert_axis(Axis(0));
+            (b(dq), b(dk), b(dv))
+        }
+    };
     Ok((o, lse, dq, dk, dv))
+}
+
+/// A varlen call's prefix sums on the device, with their host copy.
+struct DeviceCu {
+    q: DeviceTensor<i32>,
+    k: DeviceTensor<i32>,
+}
+
+impl DeviceCu {
+    fn upload(dev: &Device, (cu_q, cu_k): &(Vec<i32>, Vec<i32>)) -> flash_attn::Result<Self> {
+        Ok(Self {
+            q: DeviceTensor::from_host(dev, &[cu_q.len()], cu_q)?,
+            k: DeviceTensor::from_host(dev, &[cu_k.len()], cu_k)?,
+        })
+    }
+
+    fn varlen<'a>(&'a self, host: &'a (Vec<i32>, Vec<i32>)) -> Varlen<'a> {
+        Varlen {
+            cu_seqlens_q: &self.q,
+            cu_seqlens_k: &self.k,
+            host: Some(HostVarlen {
+                cu_seqlens_q: &host.0,
+                cu_seqlens_k: &host.1,
+            }),
+        }
+    }
+}
+
+/// Uploads a tensor (packed `[total, H, d]` for a varlen call).
+fn upload<T: Element>(
+    dev: &Device,
+    a: &Array4<T>,
+    seqs: &Seqs,
+) -> flash_attn::Result<DeviceTensor<T>> {
+    match seqs.varlen {
+        Some(_) => DeviceTensor::from_ndarray(dev, packed(a)),
+        None => DeviceTensor::from_ndarray(dev, a.view()),
+    }
+}
+
+/// Downloads a tensor as `[B, N, H, d]` (a leading 1 for a varlen call's packed tensors).
+fn download4<T: Element>(
+    dev: &Device,
+    t: &DeviceTensor<T>,
+    name: &str,
+) -> flash_attn::Result<Array4<T>> {
+    let a = t.to_ndarray(dev)?;
+    let a = if a.ndim() == 3 {
+        a.insert_axis(Axis(0))
+    } else {
+        a
+    };
+    a.into_dimensionality()
+        .map_err(|e| FlashError::Shape(format!("{name}: {e}")))
+}
+
+/// Downloads LSE as `[B, Hq, Nq]` (a leading 1 for a varlen call's `[Hq, total_q]`).
+fn download_lse(dev: &Device, t: &DeviceTensor<f32>) -> flash_attn::Result<Array3<f32>> {
+    let a = t.to_ndarray(dev)?;
+    let a = if a.ndim() == 2 {
+        a.insert_axis(Axis(0))
+    } else {
+        a
+    };
+    a.into_dimensionality()
+        .map_err(|e| FlashError::Shape(format!("LSE: {e}")))
 }
 
 /// The forward and backward passes on the GPU: upload, run, download.
@@ -540,6 +749,7 @@ fn gpu_forward_backward<T: Element>(
     dev: &Device,
     [q, k, v, d_o]: [&Array4<T>; 4],
     params: &AttnParams,
+    seqs: &Seqs,
     deterministic: bool,
 ) -> flash_attn::Result<FwdBwd<T>> {
     let mode = if deterministic {
@@ -547,49 +757,51 @@ fn gpu_forward_backward<T: Element>(
     } else {
         BwdMode::Fast
     };
-    let upload = |a: &Array4<T>| DeviceTensor::from_ndarray(dev, a.view());
-    let (qd, kd, vd, dod) = (upload(q)?, upload(k)?, upload(v)?, upload(d_o)?);
-    let (o, lse) = flash_attn::flash_attn(dev, &qd, &kd, &vd, params)?;
-    let (dq, dk, dv) =
-        flash_attn::flash_attn_backward(dev, &qd, &kd, &vd, &o, &dod, &lse, params, mode)?;
-    let down4 = |t: &DeviceTensor<T>, name: &str| -> flash_attn::Result<Array4<T>> {
-        t.to_ndarray(dev)?
-            .into_dimensionality()
-            .map_err(|e| FlashError::Shape(format!("{name}: {e}")))
+    let up = |a: &Array4<T>| upload(dev, a, seqs);
+    let (qd, kd, vd, dod) = (up(q)?, up(k)?, up(v)?, up(d_o)?);
+    let ((o, lse), (dq, dk, dv)) = match &seqs.varlen {
+        None => {
+            let (o, lse) = flash_attn::flash_attn(dev, &qd, &kd, &vd, params)?;
+            let grads =
+                flash_attn::flash_attn_backward(dev, &qd, &kd, &vd, &o, &dod, &lse, params, mode)?;
+            ((o, lse), grads)
+        }
+        Some(host) => {
+            let cu = DeviceCu::upload(dev, host)?;
+            let varlen = cu.varlen(host);
+            let (o, lse) = flash_attn::flash_attn_varlen(dev, &qd, &kd, &vd, &varlen, params)?;
+            let grads = flash_attn::flash_attn_varlen_backward(
+                dev, &qd, &kd, &vd, &o, &dod, &lse, &varlen, params, mode,
+            )?;
+            ((o, lse), grads)
+        }
     };
-    let lse = lse
-        .to_ndarray(dev)?
-        .into_dimensionality()
-        .map_err(|e| FlashError::Shape(format!("LSE: {e}")))?;
     Ok((
-        down4(&o, "O")?,
-        lse,
-        down4(&dq, "dQ")?,
-        down4(&dk, "dK")?,
-        down4(&dv, "dV")?,
+        download4(dev, &o, "O")?,
+        download_lse(dev, &lse)?,
+        download4(dev, &dq, "dQ")?,
+        download4(dev, &dk, "dK")?,
+        download4(dev, &dv, "dV")?,
     ))
 }
 
 /// The forward pass on the GPU: upload, run, download.
 fn gpu_forward<T: Element>(
     dev: &Device,
-    q: &Array4<T>,
-    k: &Array4<T>,
-    v: &Array4<T>,
+    [q, k, v]: [&Array4<T>; 3],
     params: &AttnParams,
+    seqs: &Seqs,
 ) -> flash_attn::Result<(Array4<T>, Array3<f32>)> {
-    let upload = |a: &Array4<T>| DeviceTensor::from_ndarray(dev, a.view());
-    let (dq, dk, dv) = (upload(q)?, upload(k)?, upload(v)?);
-    let (o, lse) = flash_attn::flash_attn(dev, &dq, &dk, &dv, params)?;
-    let o = o.to_ndarray(dev)?;
-    let lse = lse.to_ndarray(dev)?;
-    let o = o
-        .into_dimensionality()
-        .map_err(|e| FlashError::Shape(format!("O: {e}")))?;
-    let lse = lse
-        .into_dimensionality()
-        .map_err(|e| FlashError::Shape(format!("LSE: {e}")))?;
-    Ok((o, lse))
+    let up = |a: &Array4<T>| upload(dev, a, seqs);
+    let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
+    let (o, lse) = match &seqs.varlen {
+        None => flash_attn::flash_attn(dev, &qd, &kd, &vd, params)?,
+        Some(host) => {
+            let cu = DeviceCu::upload(dev, host)?;
+            flash_attn::flash_attn_varlen(dev, &qd, &kd, &vd, &cu.varlen(host), params)?
+        }
+    };
+    Ok((download4(dev, &o, "O")?, download_lse(dev, &lse)?))
 }
 
 /// A tensor to write: name, dtype, shape and little-endian bytes.
@@ -609,6 +821,7 @@ fn metadata<const N: usize>(
     backend: &Backend,
     params: &AttnParams,
     scale: f32,
+    seqs: &Seqs,
     extra: [(&str, String); N],
 ) -> HashMap<String, String> {
     let backend = match backend {
@@ -631,6 +844,11 @@ fn metadata<const N: usize>(
         (
             "alibi".to_string(),
             params.alibi_slopes.is_some().to_string(),
+        ),
+        ("varlen".to_string(), seqs.varlen.is_some().to_string()),
+        (
+            "seqlens_k".to_string(),
+            seqs.seqlens_k.is_some().to_string(),
         ),
     ]
     .into_iter()
@@ -672,6 +890,7 @@ fn safetensors_bytes(
 fn run_backward<T: FileElement>(
     args: &Args,
     params: &AttnParams,
+    seqs: &Seqs,
     raw: [&RawTensor; 4],
     mut out: PendingOutput,
 ) -> Result<(), CliError> {
@@ -697,9 +916,9 @@ fn run_backward<T: FileElement>(
     let start = Instant::now();
     let (o, lse, dq, dk, dv) = match &backend {
         Backend::Gpu(dev) => {
-            gpu_forward_backward(dev, [&q, &k, &v, &d_o], params, args.deterministic)
+            gpu_forward_backward(dev, [&q, &k, &v, &d_o], params, seqs, args.deterministic)
         }
-        Backend::Cpu => cpu_forward_backward([&q, &k, &v, &d_o], params),
+        Backend::Cpu => cpu_forward_backward([&q, &k, &v, &d_o], params, seqs),
     }
     .map_err(attention)?;
     eprintln!(
@@ -711,6 +930,13 @@ fn run_backward<T: FileElement>(
         start.elapsed().as_secs_f64() * 1e3
     );
     let deterministic = args.deterministic || matches!(backend, Backend::Cpu);
+    let (o, lse, dq, dk, dv) = (
+        unbatch(o, seqs),
+        unbatch(lse, seqs),
+        unbatch(dq, seqs),
+        unbatch(dk, seqs),
+        unbatch(dv, seqs),
+    );
     let tensors = [
         named("o", T::ST_DTYPE, &o),
         named("lse", Dtype::F32, &lse),
@@ -719,7 +945,11 @@ fn run_backward<T: FileElement>(
         named("dv", T::ST_DTYPE, &dv),
     ];
     let extra = [("deterministic", deterministic.to_string())];
-    fill_safetensors(&mut out, &tensors, metadata(&backend, params, scale, extra))?;
+    fill_safetensors(
+        &mut out,
+        &tensors,
+        metadata(&backend, params, scale, seqs, extra),
+    )?;
     let path = out.path().to_path_buf();
     out.commit()?;
     eprintln!(
@@ -845,8 +1075,9 @@ fn decode_typed<T: FileElement>(
         },
         new_kv,
     };
-    let alibi = read_alibi(args, raw.q.shape.as_slice())?;
-    let params = attn_params(args, alibi.as_deref());
+    let (b, hq) = (dim(&raw.q.shape, 0), dim(&raw.q.shape, 2));
+    let alibi = read_alibi(args, b, hq)?;
+    let params = attn_params(args, alibi.as_deref(), None);
     let options = DecodeOptions {
         num_splits: args.num_splits,
     };
@@ -903,7 +1134,7 @@ fn decode_typed<T: FileElement>(
     fill_safetensors(
         &mut out,
         &tensors,
-        metadata(&backend, &params, scale, extra),
+        metadata(&backend, &params, scale, &Seqs::default(), extra),
     )?;
     let path = out.path().to_path_buf();
     out.commit()?;

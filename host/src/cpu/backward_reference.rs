@@ -13,6 +13,7 @@ use ndarray::{s, Array4, ArrayView3, ArrayView4, Dim, Zip};
 
 use crate::cpu::alloc;
 use crate::cpu::reference::{round_to, softmax_in_place, Precision, Real, RefMask, EXACT};
+use crate::cpu::sequences::{backward_spans, key_padding, rows, stat_rows};
 use crate::cpu::validate::check_inputs;
 use crate::dtype::Element;
 use crate::error::Result;
@@ -32,6 +33,14 @@ pub fn attention_backward_reference(
     d_o: ArrayView4<f64>,
     params: &AttnParams,
 ) -> Result<Gradients<f64>> {
+    check_inputs(&q, &k, &v)?;
+    if let Some(spans) = key_padding(&q, &k, params)? {
+        let dims = (q.dim().into(), k.dim().into());
+        return backward_spans(dims, &spans, params, 0.0, |sp, p| {
+            let (q_, k_, v_) = (rows(&q, sp, true), rows(&k, sp, false), rows(&v, sp, false));
+            attention_backward_reference(q_, k_, v_, rows(&d_o, sp, true), p)
+        });
+    }
     naive_backward(q, k, v, d_o, None, params, |s| s as f64, &EXACT)
 }
 
@@ -51,6 +60,15 @@ pub fn attention_backward_reference_given(
     lse: ArrayView3<f64>,
     params: &AttnParams,
 ) -> Result<Gradients<f64>> {
+    check_inputs(&q, &k, &v)?;
+    if let Some(spans) = key_padding(&q, &k, params)? {
+        let dims = (q.dim().into(), k.dim().into());
+        return backward_spans(dims, &spans, params, 0.0, |sp, p| {
+            let (q_, k_, v_) = (rows(&q, sp, true), rows(&k, sp, false), rows(&v, sp, false));
+            let (o_, do_) = (rows(&o, sp, true), rows(&d_o, sp, true));
+            attention_backward_reference_given(q_, k_, v_, o_, do_, stat_rows(&lse, sp), p)
+        });
+    }
     naive_backward(q, k, v, d_o, Some((o, lse)), params, |s| s as f64, &EXACT)
 }
 
@@ -67,6 +85,14 @@ pub fn attention_backward_naive<T: Element>(
     d_o: ArrayView4<T>,
     params: &AttnParams,
 ) -> Result<Gradients<T>> {
+    check_inputs(&q, &k, &v)?;
+    if let Some(spans) = key_padding(&q, &k, params)? {
+        let dims = (q.dim().into(), k.dim().into());
+        return backward_spans(dims, &spans, params, T::default(), |sp, p| {
+            let (q_, k_, v_) = (rows(&q, sp, true), rows(&k, sp, false), rows(&v, sp, false));
+            attention_backward_naive(q_, k_, v_, rows(&d_o, sp, true), p)
+        });
+    }
     let in_t = Precision {
         load: T::to_f32,
         scores: round_to::<T>,

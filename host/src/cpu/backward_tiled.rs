@@ -26,6 +26,7 @@ use ndarray::{ArrayViewMut4, Axis, Dim};
 use crate::cpu::alloc;
 use crate::cpu::backward_reference::Gradients;
 use crate::cpu::online_softmax::{dot, idx, load_rows};
+use crate::cpu::sequences::{backward_spans, key_padding, rows, stat_rows};
 use crate::cpu::tiled::{run_parallel, BLOCK_M, BLOCK_N};
 use crate::cpu::validate::{check_backward_inputs, check_gradients, check_inputs};
 use crate::dtype::Element;
@@ -99,6 +100,20 @@ pub fn attention_backward_cpu_into<T: Element>(
     let scale = params.kernel_grad_scale(shape.head_dim)?;
     let scale_log2 = params.scale_log2(shape.head_dim)?;
     params.check_masks(shape.batch, shape.heads_q)?;
+    if let Some(spans) = key_padding(&q, &k, params)? {
+        let dims = (shape.q_dims(), shape.kv_dims());
+        let (dq_all, dk_all, dv_all) =
+            backward_spans(dims, &spans, params, T::default(), |sp, p| {
+                let (q_, k_, v_) = (rows(&q, sp, true), rows(&k, sp, false), rows(&v, sp, false));
+                let (o_, do_) = (rows(&o, sp, true), rows(&d_o, sp, true));
+                attention_backward_cpu(q_, k_, v_, o_, do_, stat_rows(&lse, sp), p)
+            })?;
+        let (mut dq, mut dk, mut dv) = (dq, dk, dv);
+        dq.assign(&dq_all);
+        dk.assign(&dk_all);
+        dv.assign(&dv_all);
+        return Ok(());
+    }
     let group = shape.group_size();
     let n_jobs = alloc::numel::<KvHeadJob<T>>(&[shape.batch, shape.heads_kv], "CPU jobs")?;
     let mut jobs = alloc::with_capacity(n_jobs, "CPU jobs")?;

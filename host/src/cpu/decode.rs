@@ -361,6 +361,7 @@ mod tests {
         window: None,
         softcap: None,
         alibi_slopes: None,
+        seqlens_k: None,
     };
 
     const CAUSAL: AttnParams<'static> = AttnParams {
@@ -369,6 +370,7 @@ mod tests {
         window: None,
         softcap: None,
         alibi_slopes: None,
+        seqlens_k: None,
     };
 
     /// A paged copy of a contiguous cache `[B, cap, H, d]`: pages of `page_size` rows,

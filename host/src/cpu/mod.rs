@@ -20,6 +20,11 @@
 //!   appended to a contiguous or paged [`CpuKvCache`], then [`attention_cpu`] per sequence), and
 //!   [`gather_sequence`], the keys and values one sequence of such a cache attends to.
 //!
+//! - [`attention_varlen_cpu`] / [`attention_varlen_backward_cpu`]: packed variable-length
+//!   batches (FlashAttention's varlen layout), and [`sequences`], which runs any of the
+//!   padded-batch routines above once per sequence (varlen, and key padding with
+//!   [`crate::AttnParams::seqlens_k`], which every routine here honours).
+//!
 //! All of them (the decode path's cache aside) take Q `[B, Nq, Hq, d]`, K and V
 //! `[B, Nk, Hkv, d]` with any strides, and return O `[B, Nq, Hq, d]` and the natural-log LSE
 //! `[B, Hq, Nq]`. A query row that sees no key gets O = 0 and LSE = −∞; NaN or ±∞ in the
@@ -33,6 +38,7 @@ mod backward_tiled;
 mod decode;
 mod online_softmax;
 mod reference;
+pub mod sequences;
 mod tiled;
 mod validate;
 
@@ -43,6 +49,7 @@ pub use backward_reference::{
 pub use backward_tiled::{attention_backward_cpu, attention_backward_cpu_into};
 pub use decode::{attn_with_kvcache_cpu, gather_sequence, merge_attention_states_cpu, CpuKvCache};
 pub use reference::{attention_naive, attention_reference};
+pub use sequences::{attention_varlen_backward_cpu, attention_varlen_cpu};
 pub use tiled::{attention_cpu, attention_cpu_into, BLOCK_M, BLOCK_N};
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use std::ops::Range;
 use ndarray::{s, Array2, Array3, Array4, ArrayView4, ArrayViewMut1, Dim, LinalgScalar, Zip};
 
 use crate::cpu::alloc;
+use crate::cpu::sequences::{forward_spans, key_padding, rows};
 use crate::cpu::validate::check_inputs;
 use crate::dtype::Element;
 use crate::error::Result;
@@ -28,6 +29,23 @@ pub fn attention_reference(
     v: ArrayView4<f64>,
     params: &AttnParams,
 ) -> Result<(Array4<f64>, Array3<f64>)> {
+    check_inputs(&q, &k, &v)?;
+    if let Some(spans) = key_padding(&q, &k, params)? {
+        return forward_spans(
+            q.dim().into(),
+            &spans,
+            params,
+            (0.0, f64::NEG_INFINITY),
+            |sp, p| {
+                attention_reference(
+                    rows(&q, sp, true),
+                    rows(&k, sp, false),
+                    rows(&v, sp, false),
+                    p,
+                )
+            },
+        );
+    }
     naive(q, k, v, params, |s| s as f64, &EXACT)
 }
 
@@ -41,6 +59,18 @@ pub fn attention_naive<T: Element>(
     v: ArrayView4<T>,
     params: &AttnParams,
 ) -> Result<(Array4<T>, Array3<f32>)> {
+    check_inputs(&q, &k, &v)?;
+    if let Some(spans) = key_padding(&q, &k, params)? {
+        let fill = (T::default(), f32::NEG_INFINITY);
+        return forward_spans(q.dim().into(), &spans, params, fill, |sp, p| {
+            attention_naive(
+                rows(&q, sp, true),
+                rows(&k, sp, false),
+                rows(&v, sp, false),
+                p,
+            )
+        });
+    }
     let in_t = Precision {
         load: T::to_f32,
         scores: round_to::<T>,

@@ -38,6 +38,7 @@ const PLAIN: AttnParams<'static> = AttnParams {
     window: None,
     softcap: None,
     alibi_slopes: None,
+    seqlens_k: None,
 };
 
 const CAUSAL: AttnParams<'static> = AttnParams {
@@ -46,6 +47,7 @@ const CAUSAL: AttnParams<'static> = AttnParams {
     window: None,
     softcap: None,
     alibi_slopes: None,
+    seqlens_k: None,
 };
 
 /// Whether query row `i` is NaN in every O element and in LSE.

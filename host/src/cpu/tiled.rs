@@ -16,6 +16,7 @@ use ndarray::{
 
 use crate::cpu::alloc;
 use crate::cpu::online_softmax::QueryTile;
+use crate::cpu::sequences::{forward_spans, key_padding, rows};
 use crate::cpu::validate::{check_inputs, check_outputs};
 use crate::dtype::Element;
 use crate::error::Result;
@@ -63,6 +64,21 @@ pub fn attention_cpu_into<T: Element>(
     check_outputs(&shape, &o, &lse)?;
     let scale_log2 = params.scale_log2(shape.head_dim)?;
     params.check_masks(shape.batch, shape.heads_q)?;
+    if let Some(spans) = key_padding(&q, &k, params)? {
+        let fill = (T::default(), f32::NEG_INFINITY);
+        let (o_all, lse_all) = forward_spans(shape.q_dims(), &spans, params, fill, |sp, p| {
+            attention_cpu(
+                rows(&q, sp, true),
+                rows(&k, sp, false),
+                rows(&v, sp, false),
+                p,
+            )
+        })?;
+        let (mut o, mut lse) = (o, lse);
+        o.assign(&o_all);
+        lse.assign(&lse_all);
+        return Ok(());
+    }
     let heads = alloc::numel::<HeadJob<T>>(&[shape.batch, shape.heads_q], "CPU head jobs")?;
     let mut jobs = alloc::with_capacity(heads, "CPU head jobs")?;
     for (b, (o_b, lse_b)) in o

@@ -18,8 +18,26 @@ pub(crate) fn padded_head_dim(d: usize) -> usize {
 /// The kernel's alignment rule: every row start 16-byte aligned and `d % 8 == 0` (the
 /// allocation itself is 256-byte aligned).
 pub(crate) fn is_aligned<T: Element>(t: &DeviceTensor<T>) -> bool {
-    let s = t.strides();
-    t.shape()[3] % 8 == 0 && t.offset() % 8 == 0 && s[..3].iter().all(|x| x % 8 == 0)
+    let (shape, strides) = batched(t);
+    shape[3] % 8 == 0 && t.offset() % 8 == 0 && strides[..3].iter().all(|x| x % 8 == 0)
+}
+
+/// Shape and strides of a `[B, N, H, d]` tensor, or of a packed varlen `[total, H, d]` one
+/// seen as `[1, total, H, d]` with batch stride 0 (every sequence indexes it by its absolute
+/// rows).
+pub(crate) fn batched<T: Element>(t: &DeviceTensor<T>) -> ([usize; 4], [usize; 4]) {
+    let (sh, st) = (t.shape(), t.strides());
+    match sh.len() {
+        3 => ([1, sh[0], sh[1], sh[2]], [0, st[0], st[1], st[2]]),
+        _ => ([sh[0], sh[1], sh[2], sh[3]], [st[0], st[1], st[2], st[3]]),
+    }
+}
+
+/// A contiguous `[.., padded_d]` twin of `t`'s shape (same rank).
+fn padded_shape<T: Element>(t: &DeviceTensor<T>, padded_d: usize) -> Vec<usize> {
+    let mut shape = t.shape().to_vec();
+    *shape.last_mut().expect("rank 3 or 4") = padded_d;
+    shape
 }
 
 /// A padded contiguous copy of input `t` when it breaks the alignment rule, else `None`.
@@ -31,9 +49,8 @@ pub(crate) fn packed_input<T: Element>(
     if is_aligned(t) {
         return Ok(None);
     }
-    let s = t.shape();
-    let packed = DeviceTensor::<T>::uninit(dev, &[s[0], s[1], s[2], padded_d])?;
-    pad_copy(dev, t, &packed, s[3], padded_d, 0)?;
+    let packed = DeviceTensor::<T>::uninit(dev, &padded_shape(t, padded_d))?;
+    pad_copy(dev, t, &packed, batched(t).0[3], padded_d, 0)?;
     Ok(Some(packed))
 }
 
@@ -47,10 +64,9 @@ pub(crate) fn packed_output<T: Element>(
     if is_aligned(o) {
         return Ok(None);
     }
-    let s = o.shape();
     Ok(Some(DeviceTensor::<T>::uninit(
         dev,
-        &[s[0], s[1], s[2], padded_d],
+        &padded_shape(o, padded_d),
     )?))
 }
 
@@ -78,9 +94,10 @@ pub(crate) fn operand<T: Element>(
     }
 }
 
-/// The batch, row and head strides of a `[B, N, H, d]` tensor, in elements.
+/// The batch, row and head strides of a `[B, N, H, d]` tensor (batch stride 0 for a packed
+/// varlen one), in elements.
 fn strides<T: Element>(t: &DeviceTensor<T>) -> Strides {
-    let s = t.strides();
+    let s = batched(t).1;
     Strides {
         batch: s[0] as u64,
         row: s[1] as u64,
@@ -98,7 +115,7 @@ fn pad_copy<T: Element>(
     packed_dim: usize,
     flags: u32,
 ) -> Result<()> {
-    let sh = strided.shape();
+    let sh = batched(strided).0;
     let p = PadParams {
         strided: TensorRef {
             ptr: strided.device_address(dev),

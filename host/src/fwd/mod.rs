@@ -8,18 +8,22 @@ mod dispatch;
 pub(crate) mod layout;
 pub(crate) mod validate;
 
-use flash_attn_kernels::params::{FwdParams, RowStatsRef};
+use flash_attn_kernels::params::FwdParams;
 
 use crate::device::Device;
 use crate::dtype::Element;
-use crate::error::Result;
+use crate::error::{FlashError, Result};
 use crate::launch::launch;
 use crate::mask::DeviceMask;
 use crate::params::AttnParams;
+use crate::seqs::{gpu_runs, SeqRun, Varlen};
+use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
-use dispatch::fwd_kernel;
+use dispatch::{fwd_kernel, FwdKernel};
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
-use validate::{check_dtype, check_output_shapes, check_placement, input_shape};
+use validate::{
+    check_dtype, check_output_shapes, check_placement, dims, input_shape, lse_ref, varlen_shape,
+};
 
 /// Forward attention on the GPU: returns O `[B, Nq, Hq, d]` (input dtype) and LSE
 /// `[B, Hq, Nq]` (f32, natural log). Q, K, V are f16 or bf16, `[B, N, H, d]` with the last dim
@@ -54,59 +58,182 @@ pub fn flash_attn_into<T: Element>(
     check_dtype::<T>()?;
     let shape = input_shape(q, k, v)?;
     check_output_shapes(&shape, o, lse)?;
-    let d = shape.head_dim;
-    let kernel = fwd_kernel(dev.arch(), T::DTYPE, d, params.mask_kind())?;
-    let scale_log2 = params.kernel_scale_log2(d)?;
-    params.check_masks(shape.batch, shape.heads_q)?;
-    check_placement(dev, &shape, [q, k, v], o, lse)?;
+    let runs = gpu_runs(&shape, params, None)?;
+    let call = ForwardCall::checked(dev, &shape, [q, k, v], o, lse, params)?;
     // Few queries over many keys: the split-KV decode kernels fill the GPU where one block
     // per query tile would leave it idle.
-    if crate::decode::forward_via_decode(dev, q, k, v, &shape, params, o, lse)? {
+    if params.seqlens_k.is_none()
+        && crate::decode::forward_via_decode(dev, q, k, v, &shape, params, o, lse)?
+    {
         return Ok(());
     }
+    call.launch(dev, [q, k, v], o, lse, params, &runs)
+}
 
-    let mask = DeviceMask::new(dev, params, (shape.batch, shape.heads_q, d))?;
-    // Tensors that break the alignment rule go through padded, contiguous temporaries.
-    let padded_d = padded_head_dim(d);
-    let q_packed = packed_input(dev, q, padded_d)?;
-    let k_packed = packed_input(dev, k, padded_d)?;
-    let v_packed = packed_input(dev, v, padded_d)?;
-    let o_packed = packed_output(dev, o, padded_d)?;
-    let p = FwdParams {
-        q: operand(dev, q, &q_packed),
-        k: operand(dev, k, &k_packed),
-        v: operand(dev, v, &v_packed),
-        o: operand(dev, o, &o_packed),
-        lse: RowStatsRef {
-            ptr: lse.device_address(dev),
-            batch_stride: lse.strides()[0] as u64,
-            head_stride: lse.strides()[1] as u64,
-        },
-        dims: shape.seq_dims(padded_d),
-        mask: mask.args,
-        scale_log2,
-        reserved: 0,
-    };
-    let tile = kernel.tile;
-    let grid = (
-        shape.seqlen_q.div_ceil(tile.block_m) as u32,
-        shape.heads_q as u32,
-        shape.batch as u32,
-    );
-    // SAFETY: every pointer and stride in `p` was derived from live tensors whose shapes were
-    // checked above; grid, block and shared memory are the tile's.
-    unsafe {
-        launch(
-            dev,
-            kernel.name,
-            grid,
-            tile.threads() as u32,
-            tile.smem_bytes(),
-            p,
-        )?
-    };
-    if let Some(packed) = &o_packed {
-        scatter_output(dev, o, packed, d, padded_d)?;
+/// Forward attention over a packed batch of variable-length sequences ([`Varlen`]): Q
+/// `[total_q, Hq, d]`, K and V `[total_k, Hkv, d]`; returns O `[total_q, Hq, d]` and LSE
+/// `[Hq, total_q]` (f32, natural log). Every option of [`AttnParams`] applies per sequence
+/// except `seqlens_k` (an error here); per-(batch, head) ALiBi slopes are `[B, Hq]`. Query
+/// tiles past a sequence's end are not computed. Allocates the outputs; see
+/// [`flash_attn_varlen_into`].
+pub fn flash_attn_varlen<T: Element>(
+    dev: &Device,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    varlen: &Varlen,
+    params: &AttnParams,
+) -> Result<(DeviceTensor<T>, DeviceTensor<f32>)> {
+    check_dtype::<T>()?;
+    let [total_q, heads_q, d] = dims::<3>(q.shape(), "Q")?;
+    let mut o = DeviceTensor::uninit(dev, &[total_q, heads_q, d])?;
+    let mut lse = DeviceTensor::uninit(dev, &[heads_q, total_q])?;
+    flash_attn_varlen_into(dev, q, k, v, varlen, params, &mut o, &mut lse)?;
+    Ok((o, lse))
+}
+
+/// [`flash_attn_varlen`] writing into caller-provided O `[total_q, Hq, d]` and LSE
+/// `[Hq, total_q]` (the alignment rule of [`flash_attn_into`] applies).
+#[allow(clippy::too_many_arguments)]
+pub fn flash_attn_varlen_into<T: Element>(
+    dev: &Device,
+    q: &DeviceTensor<T>,
+    k: &DeviceTensor<T>,
+    v: &DeviceTensor<T>,
+    varlen: &Varlen,
+    params: &AttnParams,
+    o: &mut DeviceTensor<T>,
+    lse: &mut DeviceTensor<f32>,
+) -> Result<()> {
+    check_dtype::<T>()?;
+    let (shape, lens) = varlen_shape(dev, [q, k, v], varlen, params)?;
+    check_varlen_outputs(&shape, q.shape(), o.shape(), lse.shape())?;
+    let call = ForwardCall::checked(dev, &shape, [q, k, v], o, lse, params)?;
+    call.launch(
+        dev,
+        [q, k, v],
+        o,
+        lse,
+        params,
+        &gpu_runs(&shape, params, Some(&lens))?,
+    )
+}
+
+/// Checks O (Q's shape) and LSE (`[Hq, total_q]`) of a varlen call.
+pub(crate) fn check_varlen_outputs(
+    shape: &AttnShape,
+    q: &[usize],
+    o: &[usize],
+    lse: &[usize],
+) -> Result<()> {
+    if o != q {
+        return Err(FlashError::Shape(format!(
+            "output O is {o:?}, expected {q:?} (the shape of Q)"
+        )));
+    }
+    let want = [shape.heads_q, q[0]];
+    if lse != want {
+        return Err(FlashError::Shape(format!(
+            "output LSE is {lse:?}, expected {want:?} ([heads_q, total_q])"
+        )));
     }
     Ok(())
+}
+
+/// A checked forward call: its kernel and softmax constant, ready to launch.
+struct ForwardCall {
+    shape: AttnShape,
+    kernel: FwdKernel,
+    scale_log2: f32,
+}
+
+impl ForwardCall {
+    /// Checks what every forward call shares (kernel for the head dim and mask, scale,
+    /// masks, placement) for `shape` (padded, or a varlen batch's longest lengths).
+    fn checked<T: Element>(
+        dev: &Device,
+        shape: &AttnShape,
+        qkv: [&DeviceTensor<T>; 3],
+        o: &DeviceTensor<T>,
+        lse: &DeviceTensor<f32>,
+        params: &AttnParams,
+    ) -> Result<Self> {
+        let d = shape.head_dim;
+        let kernel = fwd_kernel(dev.arch(), T::DTYPE, d, params.mask_kind())?;
+        let scale_log2 = params.kernel_scale_log2(d)?;
+        params.check_masks(shape.batch, shape.heads_q)?;
+        check_placement(dev, shape, qkv, o, lse)?;
+        Ok(Self {
+            shape: *shape,
+            kernel,
+            scale_log2,
+        })
+    }
+
+    /// Launches the forward kernel once per run of sequences (tensors that break the
+    /// alignment rule go through padded, contiguous temporaries first). Runs without queries
+    /// launch nothing; runs without keys write O = 0 and LSE = −∞.
+    fn launch<T: Element>(
+        &self,
+        dev: &Device,
+        [q, k, v]: [&DeviceTensor<T>; 3],
+        o: &mut DeviceTensor<T>,
+        lse: &mut DeviceTensor<f32>,
+        params: &AttnParams,
+        runs: &[SeqRun],
+    ) -> Result<()> {
+        let (shape, d) = (&self.shape, self.shape.head_dim);
+        let mask = DeviceMask::new(dev, params, (shape.batch, shape.heads_q, d))?;
+        let padded_d = padded_head_dim(d);
+        let q_packed = packed_input(dev, q, padded_d)?;
+        let k_packed = packed_input(dev, k, padded_d)?;
+        let v_packed = packed_input(dev, v, padded_d)?;
+        let o_packed = packed_output(dev, o, padded_d)?;
+        let base = FwdParams {
+            q: operand(dev, q, &q_packed),
+            k: operand(dev, k, &k_packed),
+            v: operand(dev, v, &v_packed),
+            o: operand(dev, o, &o_packed),
+            lse: lse_ref(dev, lse),
+            dims: shape.seq_dims(padded_d),
+            mask: mask.args,
+            scale_log2: self.scale_log2,
+            reserved: 0,
+        };
+        let tile = self.kernel.tile;
+        for run in runs.iter().filter(|r| r.len_q > 0) {
+            let p = FwdParams {
+                q: run.tensor(base.q, true),
+                k: run.tensor(base.k, false),
+                v: run.tensor(base.v, false),
+                o: run.tensor(base.o, true),
+                lse: run.stats(base.lse),
+                dims: run.dims(shape, padded_d),
+                mask: run.mask(base.mask),
+                ..base
+            };
+            let grid = (
+                run.len_q.div_ceil(tile.block_m) as u32,
+                shape.heads_q as u32,
+                run.count as u32,
+            );
+            // SAFETY: every pointer and stride in `p` was derived from live tensors whose
+            // shapes were checked, the run's rows from validated lengths within them; grid,
+            // block and shared memory are the tile's.
+            unsafe {
+                launch(
+                    dev,
+                    self.kernel.name,
+                    grid,
+                    tile.threads() as u32,
+                    tile.smem_bytes(),
+                    p,
+                )?
+            };
+        }
+        if let Some(packed) = &o_packed {
+            scatter_output(dev, o, packed, d, padded_d)?;
+        }
+        Ok(())
+    }
 }

@@ -8,6 +8,7 @@ use crate::dtype::{DType, Element};
 use crate::error::{FlashError, Result};
 use crate::shape::{check_shapes, AttnShape};
 use crate::tensor::DeviceTensor;
+use flash_attn_kernels::params::RowStatsRef;
 
 /// Largest grid y/z extent: heads and batch are mapped there.
 const MAX_GRID_YZ: usize = 65_535;
@@ -51,8 +52,9 @@ pub(crate) fn check_output_shapes<T: Element>(
     shape.check_outputs(&dims(o.shape(), "O")?, &dims(lse.shape(), "LSE")?)
 }
 
-/// Checks where the tensors live and how they are laid out: every tensor on `dev`'s context,
-/// the head dim (and LSE's sequence dim) contiguous, heads and batch within the grid, and O
+/// Checks where the tensors live and how they are laid out (padded `[B, N, H, d]` or packed
+/// varlen `[total, H, d]`): every tensor on `dev`'s context, the head dim (and LSE's
+/// sequence dim) contiguous, heads and batch within the grid, and O
 /// not sharing a buffer with an input.
 pub(crate) fn check_placement<T: Element>(
     dev: &Device,
@@ -82,13 +84,13 @@ pub(crate) fn check_placement<T: Element>(
         ("V", v.strides()),
         ("O", o.strides()),
     ] {
-        if strides[3] != 1 {
+        if strides.last() != Some(&1) {
             return Err(FlashError::Layout(format!(
                 "{name}: the head dim must be contiguous (stride 1)"
             )));
         }
     }
-    if lse.strides()[2] != 1 {
+    if lse.strides().last() != Some(&1) {
         return Err(FlashError::Layout(
             "LSE: the sequence dim must be contiguous (stride 1)".into(),
         ));
@@ -112,4 +114,52 @@ pub(crate) fn dims<const R: usize>(shape: &[usize], name: &str) -> Result<[usize
     shape
         .try_into()
         .map_err(|_| FlashError::Shape(format!("{name} must have rank {R}, got shape {shape:?}")))
+}
+
+/// The kernels' view of an LSE tensor: `[B, Hq, Nq]`, or `[Hq, total_q]` for a packed varlen
+/// batch (batch stride 0: rows are absolute).
+pub(crate) fn lse_ref(dev: &Device, lse: &DeviceTensor<f32>) -> RowStatsRef {
+    let s = lse.strides();
+    let (batch_stride, head_stride) = match s.len() {
+        2 => (0, s[0]),
+        _ => (s[0], s[1]),
+    };
+    RowStatsRef {
+        ptr: lse.device_address(dev),
+        batch_stride: batch_stride as u64,
+        head_stride: head_stride as u64,
+    }
+}
+
+/// The sizes of a packed varlen call: Q `[total_q, Hq, d]`, K and V `[total_k, Hkv, d]`
+/// checked as one batch entry (the GPU's head dim range included), then the prefix sums
+/// against the totals. The shape's batch is the number of sequences and its lengths the
+/// longest ones (the grid covers those).
+pub(crate) fn varlen_shape<'a, T: Element>(
+    dev: &Device,
+    [q, k, v]: [&DeviceTensor<T>; 3],
+    varlen: &crate::seqs::Varlen<'a>,
+    params: &crate::params::AttnParams,
+) -> Result<(AttnShape, crate::seqs::VarlenLens<'a>)> {
+    let one = |t: &DeviceTensor<T>, name| -> Result<[usize; 4]> {
+        let [n, h, d] = dims::<3>(t.shape(), name)?;
+        Ok([1, n, h, d])
+    };
+    let packed = check_shapes(&one(q, "Q")?, &one(k, "K")?, &one(v, "V")?)?;
+    if packed.head_dim > 256 {
+        return Err(FlashError::HeadDim(packed.head_dim));
+    }
+    if params.seqlens_k.is_some() {
+        return Err(FlashError::Param(
+            "seqlens_k (key padding of a padded batch) cannot be combined with a varlen batch: cu_seqlens_k gives every sequence's keys".into(),
+        ));
+    }
+    let lens = varlen.lens(dev, packed.seqlen_q, packed.seqlen_k)?;
+    let shape = AttnShape {
+        batch: lens.batch(),
+        seqlen_q: lens.max_q,
+        seqlen_k: lens.max_k,
+        ..packed
+    };
+    Ok((shape, lens))
 }
