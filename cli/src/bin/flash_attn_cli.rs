@@ -55,6 +55,13 @@ MASKS:
     input's `alibi_slopes` (F32, [Hq] or [B, Hq]; bias -slope·|i + Nk - Nq - j|) when present.
     They combine, and apply to the forward, --backward and --decode alike.
 
+SEQUENCES OF DIFFERENT LENGTHS (forward and --backward, safetensors input):
+    cu_seqlens_q, cu_seqlens_k (I32, [B + 1] prefix sums from 0 to the totals): a packed
+    varlen batch; q, k, v (and do) are [total, H, d], sequence b is rows cu[b] .. cu[b + 1];
+    the outputs o, dq are [total_q, Hq, d], dk, dv [total_k, Hkv, d], lse [Hq, total_q].
+    seqlens_k (I32, [B]): key padding; entry b of a padded batch sees its first seqlens_k[b]
+    keys. Masks align to each sequence's own lengths; alibi_slopes [B, Hq] are per sequence.
+
 BACKWARD (--backward):
     Also reads dO (`do`, or --do NAME) [B, Nq, Hq, d], Q's shape and dtype, from the
     safetensors input (.npy input and --npy-out are not supported with --backward), and
