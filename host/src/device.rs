@@ -194,12 +194,12 @@ impl Device {
         })?;
         let module = if self.uses_sass() {
             // A driver too old for the cubin's ELF version refuses it: fall back to the PTX.
-            match self.ctx.load_module(Ptx::from_binary(code.sass.to_vec())) {
+            match self.ctx.load_module(Ptx::from_binary(code.sass()?)) {
                 Ok(m) => m,
-                Err(_) => self.ctx.load_module(Ptx::from_src(code.ptx))?,
+                Err(_) => self.ctx.load_module(Ptx::from_src(code.ptx()?))?,
             }
         } else {
-            self.ctx.load_module(Ptx::from_src(code.ptx))?
+            self.ctx.load_module(Ptx::from_src(code.ptx()?))?
         };
         let function = module.load_function(name)?;
         if smem > 48 * 1024 {

@@ -1,19 +1,39 @@
 //! The kernels built by `cargo xtask build-ptx` from the `flash-attn-kernels` crate, embedded so
 //! that applications need no kernel toolchain: for every (target, kernel) of the registry, its
-//! PTX and its SASS (compiled offline by the pinned `ptxas`). `cargo xtask build-ptx --check`
-//! (run by CI) proves these files are what the committed kernel sources build to.
+//! PTX and its SASS (compiled offline by the pinned `ptxas`), each as a zlib stream inflated
+//! when the kernel is first loaded. `cargo xtask build-ptx --check` (run by CI) proves these
+//! files are what the committed kernel sources build to.
 
 use flash_attn_kernels::arch::Arch;
 
+use crate::error::{FlashError, Result};
+
 include!("../kernels/index.rs");
 
-/// The embedded code of one kernel for one target.
+/// The embedded code of one kernel for one target, as zlib streams (see [`KernelCode::ptx`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KernelCode {
+    ptx: &'static [u8],
+    sass: &'static [u8],
+}
+
+impl KernelCode {
     /// PTX text (the driver JIT-compiles it where the SASS does not run).
-    pub ptx: &'static str,
+    pub(crate) fn ptx(&self) -> Result<String> {
+        String::from_utf8(inflate(self.ptx)?)
+            .map_err(|_| FlashError::Internal("an embedded PTX is not UTF-8".into()))
+    }
+
     /// SASS cubin for the target's architecture.
-    pub sass: &'static [u8],
+    pub(crate) fn sass(&self) -> Result<Vec<u8>> {
+        inflate(self.sass)
+    }
+}
+
+/// The bytes of an embedded zlib stream; a broken one is a build problem.
+fn inflate(stream: &[u8]) -> Result<Vec<u8>> {
+    miniz_oxide::inflate::decompress_to_vec_zlib(stream)
+        .map_err(|e| FlashError::Internal(format!("an embedded kernel does not inflate ({e:?})")))
 }
 
 /// The code of `kernel` for `arch`, or `None` if the registry has no such kernel.
@@ -25,7 +45,7 @@ pub(crate) fn code(arch: Arch, kernel: &str) -> Option<KernelCode> {
         .map(|&(_, _, ptx, sass)| KernelCode { ptx, sass })
 }
 
-/// Bytes embedded: (PTX, SASS).
+/// Bytes embedded, compressed: (PTX, SASS).
 pub fn embedded_bytes() -> (usize, usize) {
     EMBEDDED.iter().fold((0, 0), |(p, s), (_, _, ptx, sass)| {
         (p + ptx.len(), s + sass.len())
@@ -47,10 +67,11 @@ mod tests {
             for k in ALL_KERNELS {
                 let code = code(arch.arch, k.name)
                     .unwrap_or_else(|| panic!("{} missing: run `cargo xtask build-ptx`", k.name));
-                assert!(code.ptx.contains(&format!(".entry {}(", k.name)));
-                assert_eq!(code.ptx.matches(".entry ").count(), 1);
-                assert!(code.ptx.contains(&format!(".target {}", arch.cpu)));
-                assert_eq!(&code.sass[..4], b"\x7fELF", "{}", k.name);
+                let ptx = code.ptx().unwrap();
+                assert!(ptx.contains(&format!(".entry {}(", k.name)));
+                assert_eq!(ptx.matches(".entry ").count(), 1);
+                assert!(ptx.contains(&format!(".target {}", arch.cpu)));
+                assert_eq!(&code.sass().unwrap()[..4], b"\x7fELF", "{}", k.name);
             }
         }
     }

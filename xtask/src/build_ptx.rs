@@ -1,8 +1,10 @@
 //! `cargo xtask build-ptx [--check]`: builds every kernel of the registry for every target of
 //! `flash_attn_kernels::arch::ARCHS` and writes, under `host/kernels/<arch>/`, one PTX file and
-//! one SASS cubin (compiled offline by the pinned `ptxas`) per kernel, plus the host's index
-//! `host/kernels/index.rs`. Every generated file starts with the toolchain that made it.
-//! `--check` rebuilds into `target/` and compares every file byte for byte.
+//! one SASS cubin (compiled offline by the pinned `ptxas`) per kernel, each as a zlib stream
+//! (`.ptx.z`, `.cubin.z`: about a fifth of the size; the host inflates a kernel when it first
+//! loads it), plus the host's index `host/kernels/index.rs`. Every generated text (the PTX
+//! inside its stream, the index) starts with the toolchain that made it. `--check` rebuilds
+//! into `target/` and compares every file byte for byte (the compression is deterministic).
 
 use crate::{cmd, ptx_link, ptxas, toolchain};
 use flash_attn_kernels::arch::{ArchInfo, ARCHS};
@@ -20,16 +22,32 @@ pub fn kernels_root() -> PathBuf {
     cmd::repo_root().join("host/kernels")
 }
 
-/// Committed PTX of `kernel` for `arch`.
+/// Committed PTX of `kernel` for `arch` (a zlib stream).
 pub fn ptx_path(arch: &ArchInfo, kernel: &str) -> PathBuf {
-    kernels_root().join(arch.name).join(format!("{kernel}.ptx"))
+    kernels_root()
+        .join(arch.name)
+        .join(format!("{kernel}.ptx.z"))
 }
 
-/// Committed SASS of `kernel` for `arch`.
+/// Committed SASS of `kernel` for `arch` (a zlib stream).
 pub fn cubin_path(arch: &ArchInfo, kernel: &str) -> PathBuf {
     kernels_root()
         .join(arch.name)
-        .join(format!("{kernel}.cubin"))
+        .join(format!("{kernel}.cubin.z"))
+}
+
+/// zlib level of the committed files: fixed, so that a rebuild compares byte for byte.
+const ZLIB_LEVEL: u8 = 9;
+
+/// `bytes` as a zlib stream (what the host's `kernels.rs` inflates).
+pub fn compress(bytes: &[u8]) -> Vec<u8> {
+    miniz_oxide::deflate::compress_to_vec_zlib(bytes, ZLIB_LEVEL)
+}
+
+/// The bytes of a committed zlib stream.
+pub fn inflate(stream: &[u8], what: &Path) -> Result<Vec<u8>, String> {
+    miniz_oxide::inflate::decompress_to_vec_zlib(stream)
+        .map_err(|e| format!("{}: not a zlib stream ({e:?})", what.display()))
 }
 
 /// Builds every target; writes the generated files (or, with `check`, compares them with the
@@ -69,8 +87,8 @@ pub fn run(check: bool) -> Result<(), String> {
                 usages.push(ptxas::compile(&ptxas, &tmp_ptx, check_arch, None, k, smem)?);
             }
             let cubin = std::fs::read(&tmp_cubin).map_err(|e| e.to_string())?;
-            files.insert(ptx_path(arch, k.name), ptx.into_bytes());
-            files.insert(cubin_path(arch, k.name), cubin);
+            files.insert(ptx_path(arch, k.name), compress(ptx.as_bytes()));
+            files.insert(cubin_path(arch, k.name), compress(&cubin));
         }
     }
     files.insert(
@@ -97,13 +115,14 @@ fn header(comment: &str, identity: &str) -> String {
 fn index(identity: &str) -> String {
     let mut s = header("//", identity);
     s.push_str(
-        "\n/// Every embedded kernel: (target name, kernel name, PTX, SASS cubin).\n\
-         pub(crate) static EMBEDDED: &[(&str, &str, &str, &[u8])] = &[\n",
+        "\n/// Every embedded kernel: (target name, kernel name, PTX, SASS cubin), the last two as\n\
+         /// zlib streams.\n\
+         pub(crate) static EMBEDDED: &[(&str, &str, &[u8], &[u8])] = &[\n",
     );
     for arch in &ARCHS {
         for k in ALL_KERNELS {
             s.push_str(&format!(
-                "    (\n        \"{a}\",\n        \"{k}\",\n        include_str!(\"{a}/{k}.ptx\"),\n        include_bytes!(\"{a}/{k}.cubin\"),\n    ),\n",
+                "    (\n        \"{a}\",\n        \"{k}\",\n        include_bytes!(\"{a}/{k}.ptx.z\"),\n        include_bytes!(\"{a}/{k}.cubin.z\"),\n    ),\n",
                 a = arch.name,
                 k = k.name
             ));
@@ -349,14 +368,14 @@ mod tests {
         let made_by = "rustc 1.96.0; LLVM 22.1.8; ptxas 13.0, V13.0.88";
         let text = format!("{}\n.version 7.0\n", header("//", made_by));
         assert_eq!(recorded_identity(&text).as_deref(), Some(made_by));
-        let differ = [PathBuf::from("host/kernels/sm80/k.ptx")];
+        let differ = [PathBuf::from("host/kernels/sm80/k.ptx.z")];
         let other = "rustc 1.97.0; LLVM 22.1.9; ptxas 13.0, V13.0.88";
         let msg = check_failure(Some(made_by), other, &differ, 45, &[]);
         assert!(msg.contains("toolchain differs"), "{msg}");
         assert!(msg.contains(made_by) && msg.contains(other), "{msg}");
         let msg = check_failure(Some(made_by), made_by, &differ, 45, &[]);
         assert!(msg.contains("stale") && msg.contains("k.ptx"), "{msg}");
-        let extra = [PathBuf::from("host/kernels/sm80/old.ptx")];
+        let extra = [PathBuf::from("host/kernels/sm80/old.ptx.z")];
         let msg = check_failure(Some(made_by), made_by, &[], 45, &extra);
         assert!(msg.contains("old.ptx"), "{msg}");
     }
@@ -366,12 +385,25 @@ mod tests {
         let index = index("x");
         for arch in &ARCHS {
             for k in ALL_KERNELS {
-                assert!(index.contains(&format!("include_str!(\"{}/{}.ptx\")", arch.name, k.name)));
                 assert!(index.contains(&format!(
-                    "include_bytes!(\"{}/{}.cubin\")",
+                    "include_bytes!(\"{}/{}.ptx.z\")",
+                    arch.name, k.name
+                )));
+                assert!(index.contains(&format!(
+                    "include_bytes!(\"{}/{}.cubin.z\")",
                     arch.name, k.name
                 )));
             }
         }
+    }
+
+    #[test]
+    fn compression_round_trips_and_is_deterministic() {
+        let text = ".version 8.1\n.target sm_80\n".repeat(1000);
+        let z = compress(text.as_bytes());
+        assert!(z.len() * 10 < text.len());
+        assert_eq!(z, compress(text.as_bytes()));
+        assert_eq!(inflate(&z, Path::new("x")).unwrap(), text.as_bytes());
+        assert!(inflate(b"not zlib", Path::new("x")).is_err());
     }
 }

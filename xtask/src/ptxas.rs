@@ -5,7 +5,7 @@
 //! sm_90 for the sm_80 PTX) run the embedded sm_80 SASS; their PTX JIT is only a fallback
 //! (a driver that refuses the cubin), so local memory there is reported as a warning.
 
-use crate::build_ptx::ptx_path;
+use crate::build_ptx::{inflate, ptx_path};
 use crate::toolchain;
 use flash_attn_kernels::arch::ARCHS;
 use flash_attn_kernels::registry::{KernelInfo, ALL_KERNELS};
@@ -74,13 +74,20 @@ pub fn compile(
     Ok(u)
 }
 
-/// `cargo xtask ptxas-report`: the check alone, on the committed PTX.
+/// `cargo xtask ptxas-report`: the check alone, on the committed PTX (inflated into
+/// `target/ptx/committed/`).
 pub fn report_committed() -> Result<(), String> {
     let ptxas = toolchain::ptxas()?;
+    let scratch = crate::cmd::repo_root().join("target/ptx/committed");
     let mut all = Vec::new();
     for arch in &ARCHS {
+        std::fs::create_dir_all(scratch.join(arch.name)).map_err(|e| e.to_string())?;
         for k in ALL_KERNELS {
-            let path = ptx_path(arch, k.name);
+            let committed = ptx_path(arch, k.name);
+            let stream =
+                std::fs::read(&committed).map_err(|e| format!("{}: {e}", committed.display()))?;
+            let path = scratch.join(arch.name).join(format!("{}.ptx", k.name));
+            std::fs::write(&path, inflate(&stream, &committed)?).map_err(|e| e.to_string())?;
             let smem = k.dyn_smem[arch.arch.index()];
             for a in std::iter::once(&arch.sass).chain(arch.ptxas_check) {
                 all.push(compile(&ptxas, &path, a, None, k, smem)?);
