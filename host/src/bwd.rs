@@ -274,8 +274,8 @@ fn run_backward<T: Element>(
     let dq_packed = packed_output(dev, dq, padded_d)?;
     let dk_packed = packed_output(dev, dk, padded_d)?;
     let dv_packed = packed_output(dev, dv, padded_d)?;
-    let (b, hq) = (shape.batch, shape.heads_q);
-    let mask = DeviceMask::new(dev, params, (b, hq, d))?;
+    let hq = shape.heads_q;
+    let mask = DeviceMask::new(dev, params, shape)?;
     // D has LSE's layout: [B, Hq, Nq], or [Hq, total_q] for a varlen batch.
     let delta = DeviceTensor::<f32>::uninit(dev, lse.shape())?;
     let base = BwdParams {

@@ -19,6 +19,7 @@ mod mask;
 pub mod params;
 pub mod seqs;
 pub mod shape;
+pub mod sparse;
 pub mod tensor;
 pub mod timing;
 
@@ -36,4 +37,5 @@ pub use error::{FlashError, Result};
 pub use fwd::{flash_attn, flash_attn_into, flash_attn_varlen, flash_attn_varlen_into};
 pub use params::AttnParams;
 pub use seqs::{HostVarlen, Varlen};
+pub use sparse::BlockMask;
 pub use tensor::DeviceTensor;

@@ -11,6 +11,7 @@ use flash_attn_kernels::registry::MaskKind;
 use crate::device::Device;
 use crate::error::{FlashError, Result};
 use crate::params::AttnParams;
+use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
 
 /// The kernels' mask arguments for a GPU call, with the ALiBi slopes copied to the device
@@ -20,25 +21,33 @@ pub(crate) struct DeviceMask {
     pub args: MaskArgs,
     /// The slopes on the device, when ALiBi is on.
     _slopes: Option<DeviceTensor<f32>>,
+    /// The block-sparse mask's words on the device, when there is one.
+    _blocks: Option<DeviceTensor<i32>>,
 }
 
 impl DeviceMask {
-    /// Checks `params`' masks for a call of `batch` entries, `heads_q` query heads and head
-    /// dim `head_dim`, and prepares their arguments on `dev`.
-    pub(crate) fn new(
-        dev: &Device,
-        params: &AttnParams,
-        (batch, heads_q, head_dim): (usize, usize, usize),
-    ) -> Result<Self> {
-        params.check_masks(batch, heads_q)?;
+    /// Checks `params`' masks for a call of `shape` (a varlen batch's longest lengths; the
+    /// block mask is checked against them) and prepares their arguments on `dev`.
+    pub(crate) fn new(dev: &Device, params: &AttnParams, shape: &AttnShape) -> Result<Self> {
+        params.check_masks(shape.batch, shape.heads_q)?;
+        params.check_block_mask(shape)?;
         let slopes = match params.alibi_slopes {
             Some(s) => Some(DeviceTensor::from_host(dev, &[s.len()], s)?),
             None => None,
         };
-        let ptr = slopes.as_ref().map_or(0, |t| t.device_address(dev));
+        let blocks = match params.block_mask {
+            Some(m) => {
+                let words: Vec<i32> = m.words().iter().map(|&w| w as i32).collect();
+                Some(DeviceTensor::from_host(dev, &[words.len()], &words)?)
+            }
+            None => None,
+        };
+        let slopes_at = slopes.as_ref().map_or(0, |t| t.device_address(dev));
+        let blocks_at = blocks.as_ref().map_or(0, |t| t.device_address(dev));
         Ok(Self {
-            args: params.mask_args(head_dim, heads_q, ptr)?,
+            args: params.mask_args(shape.head_dim, shape.heads_q, slopes_at, blocks_at)?,
             _slopes: slopes,
+            _blocks: blocks,
         })
     }
 }
@@ -58,6 +67,7 @@ impl<'a> AttnParams<'a> {
         AttnParams {
             alibi_slopes,
             seqlens_k: self.seqlens_k.map(|l| &l[batch..batch + 1]),
+            block_mask: None,
             ..*self
         }
     }
@@ -71,6 +81,19 @@ impl<'a> AttnParams<'a> {
             if !(cap.is_finite() && cap > 0.0) {
                 return Err(FlashError::Param(format!(
                     "softcap must be finite and > 0, got {cap}"
+                )));
+            }
+        }
+        if self.block_mask.is_some() {
+            let others = [
+                ("a window", self.window.is_some()),
+                ("a softcap", self.softcap.is_some()),
+                ("ALiBi", self.alibi_slopes.is_some()),
+                ("key padding (seqlens_k)", self.seqlens_k.is_some()),
+            ];
+            if let Some((what, _)) = others.iter().find(|(_, on)| *on) {
+                return Err(FlashError::Param(format!(
+                    "a block mask cannot be combined with {what} (block-sparse kernels carry causal masking only)"
                 )));
             }
         }
@@ -92,10 +115,21 @@ impl<'a> AttnParams<'a> {
         Ok(())
     }
 
-    /// The kernel kind the options need: [`MaskKind::Masked`] with a window, a softcap or
-    /// ALiBi, else [`MaskKind::Causal`] (the plain kernels, causal or not).
+    /// Checks the block mask, if any, against a call of `shape`.
+    pub fn check_block_mask(&self, shape: &AttnShape) -> Result<()> {
+        match self.block_mask {
+            Some(m) => m.check(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k),
+            None => Ok(()),
+        }
+    }
+
+    /// The kernel kind the options need: [`MaskKind::Sparse`] with a block mask,
+    /// [`MaskKind::Masked`] with a window, a softcap or ALiBi, else [`MaskKind::Causal`] (the
+    /// plain kernels, causal or not).
     pub fn mask_kind(&self) -> MaskKind {
-        if self.window.is_some() || self.softcap.is_some() || self.alibi_slopes.is_some() {
+        if self.block_mask.is_some() {
+            MaskKind::Sparse
+        } else if self.window.is_some() || self.softcap.is_some() || self.alibi_slopes.is_some() {
             MaskKind::Masked
         } else {
             MaskKind::Causal
@@ -121,13 +155,15 @@ impl<'a> AttnParams<'a> {
         }
     }
 
-    /// The kernels' mask arguments, with the ALiBi slopes at device address `slopes` (0 when
-    /// none) for a call with `heads_q` query heads and head dim `head_dim`.
+    /// The kernels' mask arguments, with the ALiBi slopes at address `slopes` and the block
+    /// mask's words at address `blocks` (0 when none) for a call with `heads_q` query heads
+    /// and head dim `head_dim`.
     pub(crate) fn mask_args(
         &self,
         head_dim: usize,
         heads_q: usize,
         slopes: u64,
+        blocks: u64,
     ) -> Result<MaskArgs> {
         let (window_left, window_right) = self.window_bounds();
         let per_batch = self.alibi_slopes.is_some_and(|s| s.len() != heads_q);
@@ -139,6 +175,10 @@ impl<'a> AttnParams<'a> {
             softcap: self.softcap.unwrap_or(0.0),
             scale: self.scale(head_dim)?,
             flags: if self.causal { FLAG_CAUSAL } else { 0 },
+            block_mask: blocks,
+            block_batch_stride: self.block_mask.map_or(0, |m| m.batch_stride() as u32),
+            block_head_stride: self.block_mask.map_or(0, |m| m.head_stride() as u32),
+            reserved: [0; 2],
         })
     }
 
@@ -147,7 +187,7 @@ impl<'a> AttnParams<'a> {
     pub(crate) fn kernel_scale_log2(&self, head_dim: usize) -> Result<f32> {
         let scale_log2 = self.scale_log2(head_dim)?;
         Ok(match self.mask_kind() {
-            MaskKind::Causal => scale_log2,
+            MaskKind::Causal | MaskKind::Sparse => scale_log2,
             MaskKind::Masked => std::f32::consts::LOG2_E,
         })
     }
@@ -157,31 +197,35 @@ impl<'a> AttnParams<'a> {
     pub(crate) fn kernel_grad_scale(&self, head_dim: usize) -> Result<f32> {
         let scale = self.scale(head_dim)?;
         Ok(match self.mask_kind() {
-            MaskKind::Causal => scale,
+            MaskKind::Causal | MaskKind::Sparse => scale,
             MaskKind::Masked => 1.0,
         })
     }
 }
 
-/// The mask of sequences of `seqlen_q` queries and `seqlen_k` keys as the CPU backend runs
-/// it: built by [`AttnMask::new`] from the same [`MaskArgs`] the kernels get (without a slopes
-/// address: the CPU passes each head's slope to [`AttnMask::score`] itself).
+/// The mask of batch entry `batch`, query head `head` of a call of `shape` as the CPU backend
+/// runs it: built by [`AttnMask::new`] from the same [`MaskArgs`] the kernels get (without a
+/// slopes address: the CPU passes each head's slope to [`AttnMask::score`] itself; with the
+/// block mask's words in host memory).
 pub(crate) fn cpu_mask<M: AttnMask>(
     params: &AttnParams,
-    head_dim: usize,
-    seqlen_q: usize,
-    seqlen_k: usize,
+    shape: &AttnShape,
+    (batch, head): (usize, usize),
 ) -> Result<M> {
-    let args = params.mask_args(head_dim, 1, 0)?;
+    params.check_block_mask(shape)?;
+    let words = params.block_mask.map_or(0, |m| m.words().as_ptr() as u64);
+    let args = params.mask_args(shape.head_dim, shape.heads_q, 0, words)?;
     let block = BlockInfo {
-        batch: 0,
-        head: 0,
+        batch: batch as u32,
+        head: head as u32,
         kv_head: 0,
         row0: 0,
-        seqlen_q: seqlen_q as u32,
-        seqlen_k: seqlen_k as u32,
+        seqlen_q: shape.seqlen_q as u32,
+        seqlen_k: shape.seqlen_k as u32,
     };
-    // SAFETY: `args` hold no slopes address, so no mask reads through a pointer.
+    // SAFETY: `args` hold no slopes address; the block mask's words, when any, are
+    // `params.block_mask`'s, checked against `shape` above, and outlive the mask's uses (the
+    // caller holds `params`).
     Ok(unsafe { M::new(&args, &block) })
 }
 
@@ -195,6 +239,10 @@ macro_rules! with_cpu_mask {
             }
             flash_attn_kernels::registry::MaskKind::Masked => {
                 type $M = flash_attn_kernels::mask::ScoredMask;
+                $body
+            }
+            flash_attn_kernels::registry::MaskKind::Sparse => {
+                type $M = flash_attn_kernels::mask::SparseMask;
                 $body
             }
         }

@@ -41,6 +41,13 @@ pub struct AttnParams<'a> {
     /// The GPU path copies them to the device on every call. Not for [`crate::Varlen`] calls
     /// (their `cu_seqlens_k` give every sequence's keys).
     pub seqlens_k: Option<&'a [i32]>,
+    /// Block-sparse attention: one bit per block of 128 queries × 128 keys (see
+    /// [`crate::BlockMask`]); blocks whose bit is 0 are neither loaded nor computed, in the
+    /// forward and the backward. Combines with causal masking and GQA; not with a window,
+    /// softcap, ALiBi or key padding, nor with a varlen batch or the decode path (typed
+    /// errors).
+    /// The GPU path copies the bits to the device on every call.
+    pub block_mask: Option<&'a crate::sparse::BlockMask>,
 }
 
 impl AttnParams<'_> {

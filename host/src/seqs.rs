@@ -312,14 +312,16 @@ impl SeqRun {
         }
     }
 
-    /// The mask arguments of the run: per-sequence ALiBi slopes from its first sequence.
+    /// The mask arguments of the run: per-sequence ALiBi slopes and block-mask rows from its
+    /// first sequence.
     pub(crate) fn mask(&self, args: MaskArgs) -> MaskArgs {
-        let first = self.first as u64 * u64::from(args.alibi_batch_stride);
+        let from = |ptr: u64, stride: u32| match ptr {
+            0 => 0,
+            ptr => ptr + 4 * self.first as u64 * u64::from(stride),
+        };
         MaskArgs {
-            alibi_slopes: match args.alibi_slopes {
-                0 => 0,
-                ptr => ptr + 4 * first,
-            },
+            alibi_slopes: from(args.alibi_slopes, args.alibi_batch_stride),
+            block_mask: from(args.block_mask, args.block_batch_stride),
             ..args
         }
     }

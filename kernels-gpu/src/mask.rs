@@ -140,7 +140,7 @@ impl CausalMask {
     /// One past the last key `row` sees (0 when none): the key tail and, if causal, the
     /// diagonal. Row `row` sees exactly the keys `0 .. key_end(row)`.
     #[inline(always)]
-    fn key_end(&self, row: u32) -> u32 {
+    pub fn key_end(&self, row: u32) -> u32 {
         if self.causal {
             (self.causal_limit(row) + 1).clamp(0, self.seqlen_k as i64) as u32
         } else {
@@ -452,15 +452,146 @@ impl AttnMask for ScoredMask {
     }
 }
 
+/// Side of the blocks of a block-sparse mask ([`SparseMask`]): 128 queries × 128 keys, a
+/// multiple of every kernel tile (GPU and CPU tiles are powers of two up to 128), so that a
+/// tile lies in one block and is visited or skipped whole.
+pub const SPARSE_BLOCK: u32 = 128;
+
+/// Block-sparse attention (the FlashAttention paper's section 3.3): the tails and causal
+/// masking of a [`CausalMask`], and one bit per block of [`SPARSE_BLOCK`] queries ×
+/// [`SPARSE_BLOCK`] keys of the block's (batch, head). Key tiles in blocks whose bit is 0 are
+/// neither loaded nor computed; a row whose visible blocks hold no key it may see gets
+/// O = 0, LSE = −∞.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SparseMask {
+    /// Tails and causal masking.
+    pub base: CausalMask,
+    /// Address of the (batch, head)'s first u32 word (row-major block rows of
+    /// [`sparse_row_words`] words each).
+    pub bits: u64,
+}
+
+/// Words per block row of a block-sparse mask over `seqlen_k` keys: one bit per key block of
+/// [`SPARSE_BLOCK`] keys (recomputed from the key count rather than kept in a register).
+#[inline(always)]
+pub const fn sparse_row_words(seqlen_k: u32) -> u32 {
+    seqlen_k.div_ceil(SPARSE_BLOCK).div_ceil(32)
+}
+
+impl SparseMask {
+    /// The word of block row `qb` holding key block `kb`.
+    #[inline(always)]
+    fn word(&self, qb: u32, kb: u32) -> u32 {
+        let row_words = sparse_row_words(self.base.seqlen_k);
+        let at = qb as usize * row_words as usize + (kb / 32) as usize;
+        // SAFETY: `new`'s caller vouches for the words of every block row and key block.
+        unsafe { *(self.bits as *const u32).add(at) }
+    }
+
+    /// Whether block (`qb`, `kb`) is visible.
+    #[inline(always)]
+    pub fn block_visible(&self, qb: u32, kb: u32) -> bool {
+        self.word(qb, kb) >> (kb % 32) & 1 != 0
+    }
+
+    /// The highest visible key block `≤ kb` of block row `qb`.
+    #[inline(always)]
+    fn visible_block_at_or_below(&self, qb: u32, kb: u32) -> Option<u32> {
+        let mut w = kb / 32;
+        let mut bits = self.word(qb, kb) & (u32::MAX >> (31 - kb % 32));
+        loop {
+            if bits != 0 {
+                return Some(w * 32 + 31 - bits.leading_zeros());
+            }
+            if w == 0 {
+                return None;
+            }
+            w -= 1;
+            bits = self.word(qb, w * 32);
+        }
+    }
+
+    /// The highest tile `≤ n` (of `block_n` keys) in a visible block of rows from `row0`.
+    #[inline(always)]
+    fn visible_tile_at_or_below(&self, row0: u32, n: u32, block_n: u32) -> Option<u32> {
+        let per = SPARSE_BLOCK / block_n;
+        let kb = n / per;
+        let found = self.visible_block_at_or_below(row0 / SPARSE_BLOCK, kb)?;
+        Some(if found == kb {
+            n
+        } else {
+            found * per + per - 1
+        })
+    }
+}
+
+impl AttnMask for SparseMask {
+    #[inline(always)]
+    unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
+        let first = block.batch as u64 * args.block_batch_stride as u64
+            + block.head as u64 * args.block_head_stride as u64;
+        Self {
+            base: CausalMask::new(args, block),
+            bits: args.block_mask + 4 * first,
+        }
+    }
+
+    #[inline(always)]
+    fn later_rows_see_more(args: &MaskArgs) -> bool {
+        CausalMask::later_rows_see_more(args)
+    }
+
+    #[inline(always)]
+    fn first_key_tile(&self, row0: u32, block_m: u32, block_n: u32) -> Option<u32> {
+        let last = self.base.first_key_tile(row0, block_m, block_n)?;
+        self.visible_tile_at_or_below(row0, last, block_n)
+    }
+
+    #[inline(always)]
+    fn next_key_tile(&self, row0: u32, block_m: u32, block_n: u32, n: u32) -> Option<u32> {
+        let below = self.base.next_key_tile(row0, block_m, block_n, n)?;
+        self.visible_tile_at_or_below(row0, below, block_n)
+    }
+
+    #[inline(always)]
+    fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool {
+        self.base.visits_key_tile(row0, block_m, n, block_n)
+            && self.block_visible(row0 / SPARSE_BLOCK, n * block_n / SPARSE_BLOCK)
+    }
+
+    #[inline(always)]
+    fn tile_needs_mask(&self, row0: u32, block_m: u32, n_block: u32, block_n: u32) -> bool {
+        // A visited tile lies in one visible block: only the tails and the diagonal cut it.
+        self.base.tile_needs_mask(row0, block_m, n_block, block_n)
+    }
+
+    #[inline(always)]
+    fn visible(&self, row: u32, key: u32) -> bool {
+        self.base.visible(row, key) && self.block_visible(row / SPARSE_BLOCK, key / SPARSE_BLOCK)
+    }
+
+    #[inline(always)]
+    fn row_sees_keys(&self, row: u32) -> bool {
+        // The lowest visible block must start before the row's last visible key.
+        let end = self.base.key_end(row);
+        end > 0
+            && self
+                .visible_block_at_or_below(row / SPARSE_BLOCK, (end - 1) / SPARSE_BLOCK)
+                .is_some()
+    }
+}
+
 /// The mask types by [`crate::registry::MaskKind`] name (the registry's entry points name them
 /// this way).
 pub mod kind {
     pub use super::CausalMask as Causal;
     pub use super::ScoredMask as Masked;
+    pub use super::SparseMask as Sparse;
 }
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
 
     /// Brute force: the tile iterator and the needs-mask flag agree with the element predicate,
@@ -522,6 +653,77 @@ mod tests {
                         }
                         for r in rows {
                             assert_eq!(m.row_sees_keys(r), (0..nk).any(|k| m.visible(r, k)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Brute force for the block-sparse mask: random bit patterns (empty rows included), the
+    /// tile iterator visits exactly the tiles holding a visible key, in decreasing order, and
+    /// a visited tile needs the element test only where the tails or the diagonal cut it.
+    #[test]
+    fn sparse_tiles_match_predicate() {
+        let mut seed = 0x9e37_79b9_u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for &(nq, nk) in &[
+            (1u32, 1u32),
+            (100, 300),
+            (300, 100),
+            (256, 4200),
+            (129, 129),
+        ] {
+            for causal in [false, true] {
+                for density in [0u32, 3, 8, 16] {
+                    let (qb, kb) = (nq.div_ceil(SPARSE_BLOCK), nk.div_ceil(SPARSE_BLOCK));
+                    let row_words = sparse_row_words(nk);
+                    assert_eq!(row_words, kb.div_ceil(32));
+                    let words: std::vec::Vec<u32> = (0..qb * row_words)
+                        .map(|_| {
+                            (0..32).fold(0, |w, b| w | (((next() % 16) < density) as u32) << b)
+                        })
+                        .collect();
+                    let m = SparseMask {
+                        base: CausalMask {
+                            seqlen_q: nq,
+                            seqlen_k: nk,
+                            causal,
+                        },
+                        bits: words.as_ptr() as u64,
+                    };
+                    for (bm, bn) in [(64u32, 64u32), (128, 32), (32, 128), (128, 16)] {
+                        for row0 in (0..nq).step_by(bm as usize) {
+                            let mut last = u32::MAX;
+                            let mut visited = std::vec![false; nk.div_ceil(bn) as usize];
+                            for n in m.key_tiles(row0, bm, bn) {
+                                assert!(n < last);
+                                last = n;
+                                visited[n as usize] = true;
+                            }
+                            let rows = row0..(row0 + bm).min(nq);
+                            for n in 0..nk.div_ceil(bn) {
+                                let keys = n * bn..((n + 1) * bn).min(nk);
+                                let any =
+                                    rows.clone().any(|r| keys.clone().any(|k| m.visible(r, k)));
+                                let all = rows
+                                    .clone()
+                                    .all(|r| (n * bn..(n + 1) * bn).all(|k| m.visible(r, k)));
+                                let what = (nq, nk, causal, density, bm, bn, row0, n);
+                                assert_eq!(visited[n as usize], any, "{what:?}");
+                                assert_eq!(m.visits_key_tile(row0, bm, n, bn), any, "{what:?}");
+                                if any {
+                                    assert!(all || m.tile_needs_mask(row0, bm, n, bn), "{what:?}");
+                                }
+                            }
+                            for r in rows {
+                                assert_eq!(m.row_sees_keys(r), (0..nk).any(|k| m.visible(r, k)));
+                            }
                         }
                     }
                 }

@@ -35,6 +35,9 @@ pub enum MaskKind {
     /// [`crate::mask::ScoredMask`]: a sliding window plus softcap and ALiBi, which modify
     /// every score (their own kernels, so that the plain ones pay nothing for them).
     Masked,
+    /// [`crate::mask::SparseMask`]: block-sparse attention (a bit per 128 × 128 block) with
+    /// the tails and causal masking of the plain kernels. Forward and backward only.
+    Sparse,
 }
 
 /// Kernel family: which algorithm and which parameter struct.
@@ -526,6 +529,13 @@ registry! {
         96 Masked [flash_fwd_masked_f16_d96, flash_fwd_masked_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
         128 Masked [flash_fwd_masked_f16_d128, flash_fwd_masked_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
         256 Masked [flash_fwd_masked_f16_d256, flash_fwd_masked_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        // Block-sparse: the mask keeps its bit rows' address, so the tiles that sit at the
+        // register limit in the plain kernels are those of the general mask here.
+        32 Sparse [flash_fwd_sparse_f16_d32, flash_fwd_sparse_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
+        64 Sparse [flash_fwd_sparse_f16_d64, flash_fwd_sparse_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
+        96 Sparse [flash_fwd_sparse_f16_d96, flash_fwd_sparse_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Sparse [flash_fwd_sparse_f16_d128, flash_fwd_sparse_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
+        256 Sparse [flash_fwd_sparse_f16_d256, flash_fwd_sparse_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).
@@ -541,6 +551,11 @@ registry! {
         96 Masked [flash_bwd_masked_f16_d96, flash_bwd_masked_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
         128 Masked [flash_bwd_masked_f16_d128, flash_bwd_masked_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
         256 Masked [flash_bwd_masked_f16_d256, flash_bwd_masked_bf16_d256] [(2, 2, 32, false), (4, 2, 32, true)];
+        32 Sparse [flash_bwd_sparse_f16_d32, flash_bwd_sparse_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Sparse [flash_bwd_sparse_f16_d64, flash_bwd_sparse_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
+        96 Sparse [flash_bwd_sparse_f16_d96, flash_bwd_sparse_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Sparse [flash_bwd_sparse_f16_d128, flash_bwd_sparse_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
+        256 Sparse [flash_bwd_sparse_f16_d256, flash_bwd_sparse_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
     }
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];
@@ -627,8 +642,9 @@ mod tests {
         check_tiles(DECODE_KERNELS, |t| {
             (t.head_dim, t.is_valid(), t.smem_bytes())
         });
-        // Every forward head dim has a decode kernel (the forward may route to it).
-        for k in FWD_KERNELS {
+        // Every forward head dim has a decode kernel (the forward may route to it), except
+        // the block-sparse kind's (the forward never routes those to the decode path).
+        for k in FWD_KERNELS.iter().filter(|k| k.mask != MaskKind::Sparse) {
             assert!(decode_kernel(k.head_dim, k.mask).is_some_and(|d| d.head_dim == k.head_dim));
         }
     }
@@ -639,6 +655,7 @@ mod tests {
             let kind = match k.mask {
                 MaskKind::Causal => "",
                 MaskKind::Masked => "masked_",
+                MaskKind::Sparse => "sparse_",
             };
             assert_eq!(
                 k.name(KernelDType::F16),

@@ -10,7 +10,8 @@
 pub mod gpu;
 
 use flash_attn::shape::AttnShape;
-use flash_attn::{AttnParams, DType, Element};
+use flash_attn::sparse::BLOCK;
+use flash_attn::{AttnParams, BlockMask, DType, Element};
 use ndarray::{Array, Array4, ArrayView, ArrayView3, ArrayView4, Dimension};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -236,8 +237,11 @@ pub struct MaskRecipe {
     pub softcap: Option<f32>,
     /// ALiBi slopes: none, one per head, or one per (batch entry, head).
     pub alibi: Alibi,
-    /// Seed of the slopes.
+    /// Seed of the slopes and of the block mask.
     pub seed: u64,
+    /// A block-sparse mask of about this many sixteenths of visible blocks (alone: not with
+    /// a window, softcap or ALiBi; see [`attention_mask_recipes`]).
+    pub sparse: Option<u8>,
 }
 
 /// Which ALiBi slopes a [`MaskRecipe`] draws.
@@ -258,10 +262,12 @@ impl MaskRecipe {
         softcap: None,
         alibi: Alibi::None,
         seed: 0,
+        sparse: None,
     };
 
     /// Params with `causal`, `softmax_scale` and this recipe's masks, for a call of `batch`
-    /// entries and `heads_q` query heads (see [`MaskRecipe::apply`]).
+    /// entries and `heads_q` query heads (see [`MaskRecipe::apply`]); for recipes without a
+    /// block mask (whose bits depend on the lengths: [`MaskRecipe::params_for`]).
     pub fn params(
         &self,
         causal: bool,
@@ -269,12 +275,57 @@ impl MaskRecipe {
         batch: usize,
         heads_q: usize,
     ) -> AttnParams<'static> {
+        assert!(
+            self.sparse.is_none(),
+            "a block mask needs the lengths: params_for"
+        );
         let base = AttnParams {
             causal,
             softmax_scale,
             ..AttnParams::default()
         };
         self.apply(base, batch, heads_q)
+    }
+
+    /// Params with `causal`, `softmax_scale` and this recipe's masks, for a call of `shape`
+    /// (see [`MaskRecipe::apply`]; the block mask, when the recipe has one, is drawn for the
+    /// shape's lengths and leaked like the slopes).
+    pub fn params_for(
+        &self,
+        causal: bool,
+        softmax_scale: Option<f32>,
+        shape: &AttnShape,
+    ) -> AttnParams<'static> {
+        let base = AttnParams {
+            causal,
+            softmax_scale,
+            ..AttnParams::default()
+        };
+        let params = self.apply(base, shape.batch, shape.heads_q);
+        AttnParams {
+            block_mask: self.sparse.map(|sixteenths| {
+                let mask: &'static BlockMask =
+                    Box::leak(Box::new(self.block_mask(shape, sixteenths)));
+                mask
+            }),
+            ..params
+        }
+    }
+
+    /// A random block mask for `shape`: per (batch, head), per batch, per head or shared
+    /// (from the seed), each block visible with probability `sixteenths / 16`.
+    fn block_mask(&self, shape: &AttnShape, sixteenths: u8) -> BlockMask {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(self.seed ^ 0x5eed);
+        let b = if rng.gen::<bool>() { shape.batch } else { 1 };
+        let h = if rng.gen::<bool>() { shape.heads_q } else { 1 };
+        let dims = [
+            b,
+            h,
+            shape.seqlen_q.div_ceil(BLOCK),
+            shape.seqlen_k.div_ceil(BLOCK),
+        ];
+        BlockMask::from_fn(dims, |_, _, _, _| rng.gen_range(0..16) < sixteenths)
+            .expect("valid block mask dims")
     }
 
     /// `params` with this recipe's masks for a call of `batch` entries and `heads_q` query
@@ -315,8 +366,22 @@ impl MaskRecipe {
             softcap: self.softcap,
             alibi_slopes: slopes,
             seqlens_k: params.seqlens_k,
+            block_mask: params.block_mask,
         }
     }
+}
+
+/// [`mask_recipes`], or (a quarter of the cases) a block-sparse mask alone, at densities from
+/// none to all blocks: the recipes of the forward and backward tests (the decode path takes no
+/// block mask).
+pub fn attention_mask_recipes() -> impl Strategy<Value = MaskRecipe> {
+    let sparse =
+        (select(&[0u8, 4, 8, 12, 16][..]), any::<u64>()).prop_map(|(s, seed)| MaskRecipe {
+            seed,
+            sparse: Some(s),
+            ..MaskRecipe::NONE
+        });
+    prop_oneof![3 => mask_recipes(), 1 => sparse]
 }
 
 /// Random [`MaskRecipe`]s: windows with bounded and unbounded sides (small enough that tiles
@@ -337,6 +402,7 @@ pub fn mask_recipes() -> impl Strategy<Value = MaskRecipe> {
         softcap,
         alibi,
         seed,
+        sparse: None,
     })
 }
 
@@ -382,22 +448,23 @@ pub fn cases(
         magnitudes,
         any::<bool>(),
         any::<u64>(),
-        mask_recipes(),
+        attention_mask_recipes(),
     );
     (sizes, options).prop_map(
         |((batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim), o)| {
             let (dtype, causal, softmax_scale, magnitude, head_major, seed, masks) = o;
+            let shape = AttnShape {
+                batch,
+                seqlen_q,
+                seqlen_k,
+                heads_q,
+                heads_kv,
+                head_dim,
+            };
             Case {
-                shape: AttnShape {
-                    batch,
-                    seqlen_q,
-                    seqlen_k,
-                    heads_q,
-                    heads_kv,
-                    head_dim,
-                },
+                shape,
                 dtype,
-                params: masks.params(causal, softmax_scale, batch, heads_q),
+                params: masks.params_for(causal, softmax_scale, &shape),
                 magnitude,
                 head_major,
                 seed,

@@ -259,6 +259,7 @@ const OK: AttnParams<'static> = AttnParams {
     softcap: None,
     alibi_slopes: None,
     seqlens_k: None,
+    block_mask: None,
 };
 
 fn is_shape(e: &FlashError) -> bool {

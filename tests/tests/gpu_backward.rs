@@ -18,7 +18,7 @@ use flash_attn_tests::gpu::{
     device as gpu_device, download3, download4, gpu_cases, upload, Layout,
 };
 use flash_attn_tests::{
-    check_gradient_accuracy, mask_recipes, random_array, random_qkv, to_f64, Magnitude,
+    attention_mask_recipes, check_gradient_accuracy, random_array, random_qkv, to_f64, Magnitude,
     GPU_GRADIENT_FACTOR,
 };
 use half::{bf16, f16};
@@ -126,7 +126,7 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>
         dims,
         any::<bool>(),
         scales,
-        (mags, layouts, mask_recipes()),
+        (mags, layouts, attention_mask_recipes()),
     )
         .prop_map(
             |(
@@ -151,7 +151,7 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>
                 (
                     seed,
                     shape,
-                    masks.params(causal, softmax_scale, batch, heads_q),
+                    masks.params_for(causal, softmax_scale, &shape),
                     mag,
                     layout,
                 )

@@ -396,6 +396,7 @@ fn every_decode_kernel_and_split_count() {
                             softcap: Some(20.0),
                             alibi: flash_attn_tests::Alibi::PerBatchHead,
                             seed: splits as u64,
+                            sparse: None,
                         }
                     } else {
                         MaskRecipe::NONE

@@ -14,7 +14,8 @@ use flash_attn_tests::gpu::{
     device as gpu_device, download3, download4, gpu_cases, upload, Layout,
 };
 use flash_attn_tests::{
-    check_accuracy, mask_recipes, max_abs_diff, random_qkv, to_f64, Alibi, Magnitude, MaskRecipe,
+    attention_mask_recipes, check_accuracy, max_abs_diff, random_qkv, to_f64, Alibi, Magnitude,
+    MaskRecipe,
 };
 use half::{bf16, f16};
 use ndarray::Array4;
@@ -38,7 +39,7 @@ fn run_case<T: Element>(
     magnitude: Magnitude,
     layout: Layout,
 ) -> Result<(), String> {
-    let params = masks.params(causal, softmax_scale, shape.batch, shape.heads_q);
+    let params = masks.params_for(causal, softmax_scale, &shape);
     let scale = params.scale(shape.head_dim).map_err(|e| e.to_string())?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
@@ -125,7 +126,7 @@ fn case_strategy() -> impl Strategy<Value = ForwardCase> {
         shape_strategy(),
         any::<bool>(),
         prop::sample::select(vec![None, Some(0.3f32), Some(-0.25), Some(0.0)]),
-        mask_recipes(),
+        attention_mask_recipes(),
         prop::sample::select(vec![Magnitude::Normal, Magnitude::Large]),
         prop::sample::select(vec![
             Layout::Contiguous,
@@ -213,9 +214,15 @@ fn every_masked_kernel_instantiation() {
             softcap: Some(30.0),
             alibi: Alibi::PerBatchHead,
             seed: 5,
+            sparse: None,
         },
         MaskRecipe {
             softcap: Some(8.0),
+            ..MaskRecipe::NONE
+        },
+        MaskRecipe {
+            sparse: Some(9),
+            seed: 11,
             ..MaskRecipe::NONE
         },
     ];
@@ -232,7 +239,7 @@ fn every_masked_kernel_instantiation() {
                 heads_kv: 2,
                 head_dim: d,
             };
-            let causal = i == 2;
+            let causal = i >= 2;
             for (seed, mag) in [
                 (d as u64, Magnitude::Normal),
                 (d as u64 + 1, Magnitude::Large),

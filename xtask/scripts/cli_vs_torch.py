@@ -20,6 +20,10 @@ and ALiBi slopes (`alibi_slopes`, F32 [Hq] or [B, Hq], in the input file), each 
 half of those cases; the PyTorch side applies them the FlashAttention way (softcap on the
 scaled scores, then the bias −slope·|i + Nk − Nq − j|, the window bottom-right aligned).
 
+A quarter of the masked cases (outside varlen batches and key padding) is a block-sparse mask alone: the I32
+tensor `block_mask` [B or 1, Hq or 1, ceil(Nq/128), ceil(Nk/128)] at a random density (0
+included); PyTorch hides the keys of its zero blocks.
+
 With --varlen-share F (default 0.2), that share of the forward/backward cases has
 sequences of different lengths (0 and 1 included): half of them a packed varlen batch (q, k,
 v `[total, H, d]` with `cu_seqlens_q`, `cu_seqlens_k` I32 `[B + 1]` in the input file; the
@@ -71,6 +75,10 @@ def attention(q, k, v, causal, scale, masks=None):
         hidden |= j < diag - left
     if right is not None:
         hidden |= j > diag + right
+    if masks.get("block") is not None:
+        bm = masks["block"].to(device=q.device).bool()
+        bm = bm.repeat_interleave(128, dim=-2).repeat_interleave(128, dim=-1)[..., :nq, :nk]
+        hidden = hidden | ~bm
     s = s.masked_fill(hidden, float("-inf"))
     lse = torch.logsumexp(s.float() if s.dtype != torch.float64 else s, dim=-1)
     p = torch.softmax(s, dim=-1)
@@ -79,11 +87,19 @@ def attention(q, k, v, causal, scale, masks=None):
     return o, lse
 
 
-def draw_masks(rng, b, hq, share):
-    """Random mask-family options (or {} outside `share`), and the CLI flags that set them."""
+def draw_masks(rng, b, hq, share, lens=None):
+    """Random mask-family options (or {} outside `share`), and the CLI flags that set them.
+    With `lens` = (Nq, Nk), a quarter of them is a block-sparse mask alone (`block`: I32
+    [B or 1, Hq or 1, ceil(Nq/128), ceil(Nk/128)], random density)."""
     if rng.random() >= share:
         return {}, []
     masks, flags = {}, []
+    if lens is not None and rng.random() < 0.25:
+        nqb, nkb = -(-lens[0] // 128), -(-lens[1] // 128)
+        dims = [rng.choice([1, b]), rng.choice([1, hq]), nqb, nkb]
+        density = rng.choice([0.0, 0.3, 0.6, 1.0])
+        masks["block"] = (torch.rand(*dims) < density).to(torch.int32)
+        return masks, flags
     if rng.random() < 0.5:
         side = lambda: None if rng.random() < 0.2 else rng.choice([0, 1, 5, 17, 40, 100, 300])
         left, right = side(), side()
@@ -109,6 +125,8 @@ def seq_attention(q, k, v, causal, scale, masks, seqs):
         m = dict(masks)
         if m.get("alibi") is not None and m["alibi"].dim() == 2:
             m["alibi"] = m["alibi"][b]
+        if m.get("block") is not None:
+            m["block"] = m["block"][b % m["block"].shape[0]][None]
         return m
 
     os_, lses = [], []
@@ -262,6 +280,8 @@ def describe(masks):
         parts.append(f"softcap={masks['softcap']}")
     if "alibi" in masks:
         parts.append(f"alibi{list(masks['alibi'].shape)}")
+    if "block" in masks:
+        parts.append(f"block{list(masks['block'].shape)}@{masks['block'].float().mean().item():.2f}")
     return ",".join(parts) or "none"
 
 
@@ -328,8 +348,11 @@ def main():
             tensors = {"q": q.to(dt), "k": k.to(dt), "v": v.to(dt)}
             if backward:
                 tensors["do"] = torch.randn(*q_shape, dtype=torch.float64).to(dt)
-            masks, flags = draw_masks(rng, b, hq, mask_share)
+            lens = (nq, nk) if seqs is None else None  # block masks take neither varlen nor key padding
+            masks, flags = draw_masks(rng, b, hq, mask_share, lens)
             files = dict(tensors)
+            if "block" in masks:
+                files["block_mask"] = masks["block"]
             if seqs is not None and seqs[0] == "varlen":
                 files["cu_seqlens_q"] = torch.tensor(seqs[1], dtype=torch.int32)
                 files["cu_seqlens_k"] = torch.tensor(seqs[2], dtype=torch.int32)

@@ -3,6 +3,7 @@
 # Built by `cargo xtask bundle`. Usage:
 #   bash bundle/run.sh test    # every test binary; a missing GPU is a failure here
 #   bash bundle/run.sh bench   # our forward benchmark, then PyTorch SDPA on the same shapes
+#   bash bundle/run.sh masks   # the mask family and varlen, then FlexAttention and SDPA
 # Logs and JSON go to $OUT (or bundle/out when OUT is unset).
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,8 +28,15 @@ case "$what" in
     "$here/bin/flash-attn-bench" --out "$out/ours.json" "$@" || exit 1
     python3 "$here/scripts/bench_torch.py" "$out/ours.json" "$out/bench.json" | tee "$out/bench-table.txt"
     ;;
+  masks)
+    # The mask family's rows (flash-attn-bench --op masks) beside FlexAttention and SDPA.
+    export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%d)}
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
+    "$here/bin/flash-attn-bench" --op masks --out "$out/masks-ours.json" "$@" || exit 1
+    python3 "$here/scripts/bench_masks_torch.py" "$out/masks-ours.json" "$out/masks.json" | tee "$out/masks-table.txt"
+    ;;
   *)
-    echo "usage: run.sh test|bench [args]" >&2
+    echo "usage: run.sh test|bench|masks [args]" >&2
     exit 2
     ;;
 esac

@@ -16,8 +16,8 @@
 use clap::{ArgAction, Parser};
 use flash_attn::shape::check_shapes;
 use flash_attn::{
-    cpu, AttnParams, BwdMode, DType, DecodeOptions, Device, DeviceTensor, Element, FlashError,
-    HostVarlen, Varlen,
+    cpu, AttnParams, BlockMask, BwdMode, DType, DecodeOptions, Device, DeviceTensor, Element,
+    FlashError, HostVarlen, Varlen,
 };
 use flash_attn_cli::input::{
     read_npy, read_safetensors, FileElement, RawTensor, SafetensorsFile, FLOAT_DTYPES,
@@ -61,6 +61,11 @@ SEQUENCES OF DIFFERENT LENGTHS (forward and --backward, safetensors input):
     the outputs o, dq are [total_q, Hq, d], dk, dv [total_k, Hkv, d], lse [Hq, total_q].
     seqlens_k (I32, [B]): key padding; entry b of a padded batch sees its first seqlens_k[b]
     keys. Masks align to each sequence's own lengths; alibi_slopes [B, Hq] are per sequence.
+
+BLOCK-SPARSE (forward and --backward, safetensors input):
+    block_mask (I32, [B or 1, Hq or 1, ceil(Nq/128), ceil(Nk/128)]): nonzero where query block
+    i (queries 128·i ..) may see key block j; zero blocks are skipped. Combines with --causal
+    and seqlens_k; not with --window, --softcap, alibi_slopes or a varlen batch.
 
 BACKWARD (--backward):
     Also reads dO (`do`, or --do NAME) [B, Nq, Hq, d], Q's shape and dtype, from the
@@ -309,7 +314,13 @@ fn run(args: &Args) -> Result<(), CliError> {
         check_dtypes(&q, [&k, &v, &d_o])?;
         let seqs = read_seqs(args, [&mut q, &mut k, &mut v, &mut d_o])?;
         let alibi = read_alibi(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
-        let params = attn_params(args, alibi.as_deref(), seqs.seqlens_k.as_deref());
+        let blocks = read_block_mask(args)?;
+        let params = attn_params(
+            args,
+            alibi.as_deref(),
+            seqs.seqlens_k.as_deref(),
+            blocks.as_ref(),
+        );
         let raw = [&q, &k, &v, &d_o];
         let out = outputs.safetensors;
         return match q.dtype {
@@ -342,7 +353,13 @@ fn run(args: &Args) -> Result<(), CliError> {
     check_dtypes(&q, [&k, &v])?;
     let seqs = read_seqs(args, [&mut q, &mut k, &mut v])?;
     let alibi = read_alibi(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
-    let params = attn_params(args, alibi.as_deref(), seqs.seqlens_k.as_deref());
+    let blocks = read_block_mask(args)?;
+    let params = attn_params(
+        args,
+        alibi.as_deref(),
+        seqs.seqlens_k.as_deref(),
+        blocks.as_ref(),
+    );
     match q.dtype {
         DType::F16 => run_typed::<f16>(args, &params, &seqs, [&q, &k, &v], outputs),
         DType::BF16 => run_typed::<bf16>(args, &params, &seqs, [&q, &k, &v], outputs),
@@ -351,12 +368,13 @@ fn run(args: &Args) -> Result<(), CliError> {
     }
 }
 
-/// The options of the call, with `alibi` the slopes from [`read_alibi`] and `seqlens_k` the
-/// key lengths from [`read_seqs`].
+/// The options of the call, with `alibi` the slopes from [`read_alibi`], `seqlens_k` the key
+/// lengths from [`read_seqs`] and `block_mask` from [`read_block_mask`].
 fn attn_params<'a>(
     args: &Args,
     alibi: Option<&'a [f32]>,
     seqlens_k: Option<&'a [i32]>,
+    block_mask: Option<&'a BlockMask>,
 ) -> AttnParams<'a> {
     AttnParams {
         causal: args.causal,
@@ -365,7 +383,26 @@ fn attn_params<'a>(
         softcap: args.softcap,
         alibi_slopes: alibi,
         seqlens_k,
+        block_mask,
     }
+}
+
+/// The block-sparse mask `block_mask` of the safetensors input (I32 `[B or 1, H or 1,
+/// ⌈Nq/128⌉, ⌈Nk/128⌉]`, nonzero where a 128 × 128 block is visible), or `None`.
+fn read_block_mask(args: &Args) -> Result<Option<BlockMask>, CliError> {
+    let Some(path) = &args.input else {
+        return Ok(None);
+    };
+    let file = SafetensorsFile::read(path)?;
+    let Some(t) = file.tensor("block_mask", &[DType::I32], "block_mask must be I32")? else {
+        return Ok(None);
+    };
+    let dense = t.to_array_nd::<i32, ndarray::Ix4>("[B or 1, H or 1, query blocks, key blocks]")?;
+    let dims: [usize; 4] = dense.dim().into();
+    let values: Vec<i32> = dense.iter().copied().collect();
+    BlockMask::from_dense(dims, &values)
+        .map(Some)
+        .map_err(|e| CliError::Attention(e.to_string()))
 }
 
 /// Per-sequence lengths from the safetensors input: a packed varlen batch (`cu_seqlens_q`,
@@ -854,6 +891,12 @@ fn metadata<const N: usize>(
         ),
         ("varlen".to_string(), seqs.varlen.is_some().to_string()),
         (
+            "block_mask".to_string(),
+            params.block_mask.map_or("none".into(), |m| {
+                format!("{:?} density {:.4}", m.dims(), m.density())
+            }),
+        ),
+        (
             "seqlens_k".to_string(),
             seqs.seqlens_k.is_some().to_string(),
         ),
@@ -1084,7 +1127,7 @@ fn decode_typed<T: FileElement>(
     };
     let (b, hq) = (dim(&raw.q.shape, 0), dim(&raw.q.shape, 2));
     let alibi = read_alibi(args, b, hq)?;
-    let params = attn_params(args, alibi.as_deref(), None);
+    let params = attn_params(args, alibi.as_deref(), None, None);
     let options = DecodeOptions {
         num_splits: args.num_splits,
     };

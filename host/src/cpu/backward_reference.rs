@@ -153,7 +153,7 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
             match &given {
                 None => {
                     for (i, row) in p.outer_iter_mut().enumerate() {
-                        softmax_in_place(row, mask.visible(i), prec.probs);
+                        softmax_in_place(row, mask.visible(i), |j| mask.hidden(i, j), prec.probs);
                     }
                     general_mat_mul(A::one(), &p, &vh, A::ZERO, &mut oh);
                     oh.mapv_inplace(prec.probs);
@@ -166,6 +166,9 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
                             .mapv_inplace(|s| (s - lse).exp());
                         row.slice_mut(s![..seen.start]).fill(A::ZERO);
                         row.slice_mut(s![seen.end..]).fill(A::ZERO);
+                        for j in seen.filter(|&j| mask.hidden(i, j)) {
+                            row[j] = A::ZERO;
+                        }
                     }
                     oh.zip_mut_with(&o.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
                 }
@@ -195,6 +198,9 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
                     });
                 ds_row.slice_mut(s![..seen.start]).fill(A::ZERO);
                 ds_row.slice_mut(s![seen.end..]).fill(A::ZERO);
+                for j in seen.filter(|&j| mask.hidden(i, j)) {
+                    ds_row[j] = A::ZERO;
+                }
             }
             ds.mapv_inplace(prec.probs);
             // dQ = scale·dS·K; dK += scale·dSᵀ·Q.

@@ -136,6 +136,7 @@ pub fn attention_backward_cpu_into<T: Element>(
                     lse: lse.slice(s![b, h, ..]),
                     dq: dq_heads.next().expect("Hq = Hkv·group query heads"),
                     slope: params.slope(b, h, shape.heads_q),
+                    index: b * shape.heads_q + h,
                 });
             }
             jobs.push(KvHeadJob {
@@ -149,11 +150,21 @@ pub fn attention_backward_cpu_into<T: Element>(
     }
     let new_state = || KeyTile::new(&shape);
     with_cpu_mask!(params, M => {
-        let mask: M = cpu_mask(params, shape.head_dim, shape.seqlen_q, shape.seqlen_k)?;
-        let schedule = KeySchedule::new(&mask, &shape)?;
+        // Each (batch, query head) its own mask and schedule (a block mask may differ between
+        // them).
+        let heads = alloc::numel::<M>(&[shape.batch, shape.heads_q], "CPU masks")?;
+        let (mut masks, mut schedules) =
+            (alloc::with_capacity(heads, "CPU masks")?, alloc::with_capacity(heads, "CPU masks")?);
+        for b in 0..shape.batch {
+            for h in 0..shape.heads_q {
+                let mask: M = cpu_mask(params, &shape, (b, h))?;
+                schedules.push(KeySchedule::new(&mask, &shape)?);
+                masks.push(mask);
+            }
+        }
         let step = Step {
-            mask: &mask,
-            schedule: &schedule,
+            masks: &masks,
+            schedules: &schedules,
             scale,
             scale_log2,
         };
@@ -200,23 +211,18 @@ impl KeySchedule {
         })
     }
 
-    /// The number of key tiles.
-    fn key_tiles(&self) -> usize {
-        self.starts.len() - 1
-    }
-
     /// The query tiles that visit key tile `n`, in increasing order.
     fn query_tiles(&self, n: usize) -> &[u32] {
         &self.query_tiles[self.starts[n]..self.starts[n + 1]]
     }
 }
 
-/// What every job shares: the mask policy, the schedule and the scale.
+/// What every job shares: the masks, the schedules and the scale.
 struct Step<'a, M> {
-    /// The forward's mask.
-    mask: &'a M,
-    /// Query tiles per key tile.
-    schedule: &'a KeySchedule,
+    /// The forward's mask per (batch, query head), indexed by [`QueryHead::index`].
+    masks: &'a [M],
+    /// Query tiles per key tile, per (batch, query head).
+    schedules: &'a [KeySchedule],
     /// Applied to dK and dQ at the end: the softmax scale, or 1 for masks whose scores carry
     /// it (see [`AttnParams::kernel_grad_scale`]).
     scale: f32,
@@ -238,6 +244,8 @@ struct QueryHead<'a, T> {
     dq: ArrayViewMut2<'a, T>,
     /// The head's ALiBi slope (0 without ALiBi).
     slope: f32,
+    /// `batch · Hq + head`: the head's mask and schedule in [`Step`].
+    index: usize,
 }
 
 /// One (batch, key/value head): its keys and values `[Nk, d]`, their gradients, and the query
@@ -260,22 +268,24 @@ impl<T: Element> KvHeadJob<'_, T> {
     fn run<M: AttnMask>(mut self, tile: &mut KeyTile, step: &Step<M>) {
         let (seqlen_q, seqlen_k) = (tile.seqlen_q, self.k.nrows());
         tile.pre_pass(&self.heads);
-        for n_block in 0..step.schedule.key_tiles() {
+        let key_tiles = seqlen_k.div_ceil(BLOCK_N);
+        for n_block in 0..key_tiles {
             let key0 = n_block * BLOCK_N;
             let keys = key0..(key0 + BLOCK_N).min(seqlen_k);
             tile.start(self.k, self.v, keys.clone());
             for (head, h) in self.heads.iter().zip(0..) {
-                for &m_block in step.schedule.query_tiles(n_block) {
+                let mask = &step.masks[head.index];
+                for &m_block in step.schedules[head.index].query_tiles(n_block) {
                     let row0 = m_block as usize * BLOCK_M;
                     let rows = row0..(row0 + BLOCK_M).min(seqlen_q);
-                    let needs_mask = step.mask.tile_needs_mask(
+                    let needs_mask = mask.tile_needs_mask(
                         idx(row0),
                         BLOCK_M as u32,
                         idx(n_block),
                         BLOCK_N as u32,
                     );
                     let scores = CpuScores {
-                        mask: step.mask,
+                        mask,
                         slope: head.slope,
                         scale_log2: step.scale_log2,
                     };

@@ -362,6 +362,7 @@ mod tests {
         softcap: None,
         alibi_slopes: None,
         seqlens_k: None,
+        block_mask: None,
     };
 
     const CAUSAL: AttnParams<'static> = AttnParams {
@@ -371,6 +372,7 @@ mod tests {
         softcap: None,
         alibi_slopes: None,
         seqlens_k: None,
+        block_mask: None,
     };
 
     /// A paged copy of a contiguous cache `[B, cap, H, d]`: pages of `page_size` rows,

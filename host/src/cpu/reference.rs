@@ -18,6 +18,7 @@ use crate::dtype::Element;
 use crate::error::Result;
 use crate::params::AttnParams;
 use crate::shape::AttnShape;
+use crate::sparse::{BlockMask, BLOCK};
 
 /// Naive float64 attention: `S = scale·Q·Kᵀ` materialised per (batch, head), masked, softmax
 /// per row, `O = P·V` over the visible keys. Returns O `[B, Nq, Hq, d]` and the natural-log
@@ -189,13 +190,21 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
             let mask = RefMask::new(params, &shape, (b, h), scale_to_acc)?;
             mask.logits(&mut scores, scale, prec.scores);
             for (i, row) in scores.outer_iter_mut().enumerate() {
-                lse[[b, h, i]] = softmax_in_place(row, mask.visible(i), prec.probs);
+                let hidden = |j| mask.hidden(i, j);
+                lse[[b, h, i]] = softmax_in_place(row, mask.visible(i), hidden, prec.probs);
             }
             for (i, p) in scores.outer_iter().enumerate() {
                 // Only the visible keys: a masked key's V must not reach the row (0·NaN).
                 let seen = mask.visible(i);
-                let (p, v_seen) = (p.slice(s![seen.clone()]), vh.slice(s![seen, ..]));
-                general_mat_vec_mul(A::one(), &v_seen.t(), &p, A::ZERO, &mut o);
+                if mask.has_holes() {
+                    o.fill(A::ZERO);
+                    for j in seen.filter(|&j| !mask.hidden(i, j)) {
+                        o.zip_mut_with(&vh.row(j), |a, &x| *a = *a + p[j] * x);
+                    }
+                } else {
+                    let (p, v_seen) = (p.slice(s![seen.clone()]), vh.slice(s![seen, ..]));
+                    general_mat_vec_mul(A::one(), &v_seen.t(), &p, A::ZERO, &mut o);
+                }
                 let dst = out.slice_mut(s![b, i, h, ..]);
                 Zip::from(dst)
                     .and(&o)
@@ -208,9 +217,11 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
 
 /// The mask of one (batch, head) restated for the references: which keys each row sees and
 /// how a scaled score becomes a logit, in the references' precision `A`.
-pub(crate) struct RefMask<A> {
+pub(crate) struct RefMask<'p, A> {
     /// `(Nq, Nk)`.
     lens: (usize, usize),
+    /// The block mask and this head's `(batch, head)` in it, if any.
+    blocks: Option<(&'p BlockMask, (usize, usize))>,
     /// The window `(left, right)` with causal folded in (see [`AttnParams::window_bounds`]).
     window: (u32, u32),
     /// The softcap, if any.
@@ -221,17 +232,19 @@ pub(crate) struct RefMask<A> {
     to_acc: fn(f32) -> A,
 }
 
-impl<A: Real> RefMask<A> {
+impl<'p, A: Real> RefMask<'p, A> {
     /// The mask of batch entry `b`, query head `h`.
     pub(crate) fn new(
-        params: &AttnParams,
+        params: &AttnParams<'p>,
         shape: &AttnShape,
         (b, h): (usize, usize),
         to_acc: fn(f32) -> A,
     ) -> Result<Self> {
         params.check_masks(shape.batch, shape.heads_q)?;
+        params.check_block_mask(shape)?;
         Ok(Self {
             lens: (shape.seqlen_q, shape.seqlen_k),
+            blocks: params.block_mask.map(|m| (m, (b, h))),
             window: params.window_bounds(),
             softcap: params.softcap.map(to_acc),
             slope: to_acc(params.slope(b, h, shape.heads_q)),
@@ -246,6 +259,17 @@ impl<A: Real> RefMask<A> {
         let first = (diag - self.window.0 as i128).clamp(0, nk);
         let end = (diag + self.window.1 as i128 + 1).clamp(first, nk);
         first as usize..end as usize
+    }
+
+    /// Whether a block mask hides key `j` from row `i` (inside its [`RefMask::visible`] range).
+    pub(crate) fn hidden(&self, i: usize, j: usize) -> bool {
+        self.blocks
+            .is_some_and(|(m, (b, h))| !m.get(b, h, i / BLOCK, j / BLOCK))
+    }
+
+    /// Whether [`RefMask::hidden`] can be true (a block mask is present).
+    pub(crate) fn has_holes(&self) -> bool {
+        self.blocks.is_some()
     }
 
     /// Replaces raw scores `s` (rows × keys, rounded by `round`) by logits:
@@ -278,20 +302,39 @@ impl<A: Real> RefMask<A> {
     }
 }
 
-/// Replaces a row of scores, of which those in `seen` are visible, by its softmax
-/// probabilities (rounded by `round`) and returns its log-sum-exp. A row with nothing visible
-/// becomes all zeros with LSE −∞. A NaN or +∞ visible score, or visible scores that are all
-/// −∞, make the row's probabilities and LSE NaN (the rule on [`AttnParams`]).
+/// Replaces a row of scores, of which those in `seen` and not `hidden` are visible, by its
+/// softmax probabilities (rounded by `round`) and returns its log-sum-exp. A row with nothing
+/// visible becomes all zeros with LSE −∞. A NaN or +∞ visible score, or visible scores that
+/// are all −∞, make the row's probabilities and LSE NaN (the rule on [`AttnParams`]).
 pub(crate) fn softmax_in_place<A: Real>(
     mut row: ArrayViewMut1<A>,
     seen: Range<usize>,
+    hidden: impl Fn(usize) -> bool,
     round: fn(A) -> A,
 ) -> A {
     row.slice_mut(s![..seen.start]).fill(A::ZERO);
     row.slice_mut(s![seen.end..]).fill(A::ZERO);
-    if seen.is_empty() {
+    let holes: Vec<usize> = seen.clone().filter(|&j| hidden(j)).collect();
+    if holes.len() == seen.len() {
+        row.slice_mut(s![seen]).fill(A::ZERO);
         return A::NEG_INF;
     }
+    if !holes.is_empty() {
+        // Hidden keys take no part: −∞ before the softmax (their scores may be NaN), 0 after.
+        for &j in &holes {
+            row[j] = A::NEG_INF;
+        }
+        let lse = softmax_visible(row.view_mut(), seen, round);
+        for &j in &holes {
+            row[j] = A::ZERO;
+        }
+        return lse;
+    }
+    softmax_visible(row, seen, round)
+}
+
+/// [`softmax_in_place`] of a non-empty range of visible keys, the rest already zero.
+fn softmax_visible<A: Real>(mut row: ArrayViewMut1<A>, seen: Range<usize>, round: fn(A) -> A) -> A {
     let mut visible = row.slice_mut(s![seen]);
     let max = visible.iter().fold(A::NEG_INF, |m, &x| {
         if m.is_nan() || x.is_nan() {

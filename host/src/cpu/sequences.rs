@@ -110,6 +110,11 @@ pub fn varlen_spans<A>(
             "seqlens_k (key padding of a padded batch) cannot be combined with a varlen batch: cu_seqlens_k gives every sequence's keys".into(),
         ));
     }
+    if params.block_mask.is_some() {
+        return Err(FlashError::Param(
+            "a block mask cannot be combined with a varlen batch".into(),
+        ));
+    }
     let lens = VarlenLens::check(
         Cow::Borrowed(cu_seqlens_q),
         Cow::Borrowed(cu_seqlens_k),

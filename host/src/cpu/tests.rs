@@ -39,6 +39,7 @@ const PLAIN: AttnParams<'static> = AttnParams {
     softcap: None,
     alibi_slopes: None,
     seqlens_k: None,
+    block_mask: None,
 };
 
 const CAUSAL: AttnParams<'static> = AttnParams {
@@ -48,6 +49,7 @@ const CAUSAL: AttnParams<'static> = AttnParams {
     softcap: None,
     alibi_slopes: None,
     seqlens_k: None,
+    block_mask: None,
 };
 
 /// Whether query row `i` is NaN in every O element and in LSE.

@@ -98,13 +98,18 @@ pub fn attention_cpu_into<T: Element>(
                 o,
                 lse,
                 slope: params.slope(b, h, shape.heads_q),
+                at: (b, h),
             });
         }
     }
     let new_tile = || QueryTile::new(BLOCK_M, BLOCK_N, shape.head_dim);
     with_cpu_mask!(params, M => {
-        let mask: M = cpu_mask(params, shape.head_dim, shape.seqlen_q, shape.seqlen_k)?;
-        run_parallel(jobs, new_tile, |job, tile| {
+        // Each (batch, head) its own mask (a block mask may differ between them).
+        let jobs = jobs
+            .into_iter()
+            .map(|job| Ok((cpu_mask::<M>(params, &shape, job.at)?, job)))
+            .collect::<Result<Vec<_>>>()?;
+        run_parallel(jobs, new_tile, |(mask, job), tile| {
             let scores = CpuScores {
                 mask: &mask,
                 slope: job.slope,
@@ -128,6 +133,8 @@ struct HeadJob<'a, T> {
     o: ArrayViewMut2<'a, T>,
     /// Log-sum-exp per query row `[Nq]`.
     lse: ArrayViewMut1<'a, f32>,
+    /// `(batch entry, query head)`.
+    at: (usize, usize),
     /// The head's ALiBi slope (0 without ALiBi).
     slope: f32,
 }

@@ -135,7 +135,15 @@ pub fn attn_with_kvcache_into<T: Element>(
     let scale_log2 = params.kernel_scale_log2(call.head_dim)?;
     let kernel = decode_kernel::<T>(call.head_dim, params.mask_kind())?;
     let splits = pick_splits(dev, &call, max_keys, kernel, options)?;
-    let mask = DeviceMask::new(dev, params, (call.batch, call.heads_q, call.head_dim))?;
+    let mask_shape = crate::shape::AttnShape {
+        batch: call.batch,
+        seqlen_q: call.seqlen_q,
+        seqlen_k: call.capacity,
+        heads_q: call.heads_q,
+        heads_kv: call.heads_kv,
+        head_dim: call.head_dim,
+    };
+    let mask = DeviceMask::new(dev, params, &mask_shape)?;
     let padded_d = padded_head_dim(call.head_dim);
 
     let layout = |seqlens: u64, appended: usize| KvLayout {
@@ -225,7 +233,7 @@ pub(crate) fn forward_via_decode<T: Element>(
     if splits <= 1 {
         return Ok(false);
     }
-    let mask = DeviceMask::new(dev, params, (shape.batch, shape.heads_q, shape.head_dim))?;
+    let mask = DeviceMask::new(dev, params, shape)?;
     let padded_d = padded_head_dim(shape.head_dim);
     let k_packed = packed_input(dev, k, padded_d)?;
     let v_packed = packed_input(dev, v, padded_d)?;
@@ -340,6 +348,11 @@ fn pick_splits(
 
 /// The decode kernel for `T`, a head dim and a mask kind.
 fn decode_kernel<T: Element>(head_dim: usize, mask: MaskKind) -> Result<DecodeKernel> {
+    if mask == MaskKind::Sparse {
+        return Err(FlashError::Param(
+            "block-sparse masks are not supported on the decode path".into(),
+        ));
+    }
     let row = registry::decode_kernel(head_dim, mask).ok_or(FlashError::HeadDim(head_dim))?;
     Ok(DecodeKernel {
         name: row.name(kernel_dtype::<T>()),

@@ -63,6 +63,7 @@ pub fn flash_attn_into<T: Element>(
     // Few queries over many keys: the split-KV decode kernels fill the GPU where one block
     // per query tile would leave it idle.
     if params.seqlens_k.is_none()
+        && params.block_mask.is_none()
         && crate::decode::forward_via_decode(dev, q, k, v, &shape, params, o, lse)?
     {
         return Ok(());
@@ -162,6 +163,7 @@ impl ForwardCall {
         let kernel = fwd_kernel(dev.arch(), T::DTYPE, d, params.mask_kind())?;
         let scale_log2 = params.kernel_scale_log2(d)?;
         params.check_masks(shape.batch, shape.heads_q)?;
+        params.check_block_mask(shape)?;
         check_placement(dev, shape, qkv, o, lse)?;
         Ok(Self {
             shape: *shape,
@@ -183,7 +185,7 @@ impl ForwardCall {
         runs: &[SeqRun],
     ) -> Result<()> {
         let (shape, d) = (&self.shape, self.shape.head_dim);
-        let mask = DeviceMask::new(dev, params, (shape.batch, shape.heads_q, d))?;
+        let mask = DeviceMask::new(dev, params, shape)?;
         let padded_d = padded_head_dim(d);
         let q_packed = packed_input(dev, q, padded_d)?;
         let k_packed = packed_input(dev, k, padded_d)?;

@@ -154,6 +154,11 @@ pub(crate) fn varlen_shape<'a, T: Element>(
             "seqlens_k (key padding of a padded batch) cannot be combined with a varlen batch: cu_seqlens_k gives every sequence's keys".into(),
         ));
     }
+    if params.block_mask.is_some() {
+        return Err(FlashError::Param(
+            "a block mask cannot be combined with a varlen batch".into(),
+        ));
+    }
     let lens = varlen.lens(dev, packed.seqlen_q, packed.seqlen_k)?;
     let shape = AttnShape {
         batch: lens.batch(),

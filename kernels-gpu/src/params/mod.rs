@@ -107,6 +107,16 @@ pub struct MaskArgs {
     pub scale: f32,
     /// `FLAG_*` bits.
     pub flags: u32,
+    /// Device address of the u32 words of a block-sparse mask
+    /// ([`crate::mask::SparseMask`]), or 0 for none.
+    pub block_mask: u64,
+    /// Words between two batch entries' block rows (0: one mask for every entry).
+    pub block_batch_stride: u32,
+    /// Words between two heads' block rows (0: one mask for every head). A head's rows are
+    /// `⌈seqlen_q / 128⌉` rows of [`crate::mask::sparse_row_words`] words each.
+    pub block_head_stride: u32,
+    /// Keeps the size a multiple of 8 bytes.
+    pub reserved: [u32; 2],
 }
 
 /// Bit set in [`MaskArgs::flags`] for causal masking (aligned to the bottom-right corner):
@@ -132,6 +142,10 @@ impl Default for MaskArgs {
             softcap: 0.0,
             scale: 1.0,
             flags: 0,
+            block_mask: 0,
+            block_batch_stride: 0,
+            block_head_stride: 0,
+            reserved: [0; 2],
         }
     }
 }
@@ -140,4 +154,4 @@ const _: () = assert!(core::mem::size_of::<Strides>() == 24);
 const _: () = assert!(core::mem::size_of::<TensorRef>() == 32);
 const _: () = assert!(core::mem::size_of::<RowStatsRef>() == 24);
 const _: () = assert!(core::mem::size_of::<SeqDims>() == 24);
-const _: () = assert!(core::mem::size_of::<MaskArgs>() == 32);
+const _: () = assert!(core::mem::size_of::<MaskArgs>() == 56);

@@ -10,7 +10,10 @@
 //! `decode`, latency and the effective bandwidth (bytes of K and V read ÷ time), the splits
 //! and the kernel launches per call.
 //!
-//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all|decode]
+//! `--op masks` times the mask family and varlen instead (see `masks.rs`): rows with a `mask`
+//! key, N = 16K and 64K (`--quick`: 16K; `--n` picks one).
+//!
+//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all|decode|masks]
 //! [--mode fast|deterministic|both] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
 //! [--causal true|false]` (`--mode`: the backward mode of the `bwd` and `fwd_bwd` rows, their
 //! `mode` key; the last four restrict the sweep,
@@ -27,6 +30,8 @@ use flash_attn::{
     Result,
 };
 use half::{bf16, f16};
+
+mod masks;
 
 const TOKENS: usize = 16 * 1024;
 const WIDTH: usize = 2048;
@@ -241,7 +246,7 @@ struct Args {
     /// What to time: the forward (`fwd`), the backward alone (`bwd`), forward + backward
     /// (`fwd_bwd`) or all three (`all`)
     #[arg(long, value_name = "OP", default_value = "fwd",
-          value_parser = ["fwd", "bwd", "fwd_bwd", "all", "decode"])]
+          value_parser = ["fwd", "bwd", "fwd_bwd", "all", "decode", "masks"])]
     op: String,
     /// Backward mode(s) of the `bwd` and `fwd_bwd` rows: `fast`, `deterministic` or `both`
     #[arg(long, value_name = "MODE", default_value = "fast",
@@ -326,12 +331,21 @@ fn main() {
     };
     let device = dev.name().unwrap_or_default();
     let date = std::env::var("BENCH_DATE").unwrap_or_default();
-    if args.op == "decode" {
-        let rows =
-            bench_decode(&dev, reps, quick, args.n, args.batch, args.splits).unwrap_or_else(|e| {
-                eprintln!("flash-attn-bench: error: {e}");
-                std::process::exit(1);
-            });
+    if args.op == "decode" || args.op == "masks" {
+        let rows = if args.op == "masks" {
+            let ns = match (args.n, quick) {
+                (Some(n), _) => vec![n],
+                (None, true) => vec![16384],
+                (None, false) => vec![16384, 65536],
+            };
+            masks::bench_masks(&dev, reps, &ns)
+        } else {
+            bench_decode(&dev, reps, quick, args.n, args.batch, args.splits)
+        }
+        .unwrap_or_else(|e| {
+            eprintln!("flash-attn-bench: error: {e}");
+            std::process::exit(1);
+        });
         let rows: Vec<serde_json::Value> = rows
             .into_iter()
             .map(|mut r| {

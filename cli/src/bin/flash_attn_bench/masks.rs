@@ -1,0 +1,296 @@
+//! `--op masks`: the mask family's rows (bf16, d = 128, H = 16, one sequence of N = 16K or
+//! 64K tokens): causal, a 4K causal window, causal ALiBi, causal softcap, and block-sparse masks
+//! at densities 1 to 1/16, forward and forward + backward; and a ragged varlen batch (lengths
+//! 128–16K, 64K tokens) beside the per-sequence calls it replaces. `xtask/scripts/bench_torch.py`
+//! adds FlexAttention (compiled, the same mask and score modification) and SDPA's flash
+//! backend (causal rows; the padded batch for varlen) measured in the same run.
+//!
+//! The block masks are a fixed hash of the block coordinates, so the PyTorch side builds the
+//! same bits: block (i, j) is visible when `block_hash(i, j) % 16 < 16·density`.
+
+use flash_attn::timing::{median, time_ms};
+use flash_attn::{
+    flash_attn_backward_into, flash_attn_into, flash_attn_varlen_backward_into,
+    flash_attn_varlen_into, AttnParams, BlockMask, BwdMode, Device, DeviceTensor, HostVarlen,
+    Result, Varlen,
+};
+use half::bf16;
+use serde_json::{json, Value};
+
+const D: usize = 128;
+const H: usize = 16;
+
+/// The hash both sides use for the block masks of the density rows.
+pub fn block_hash(i: usize, j: usize) -> usize {
+    (i * 7919 + j * 104_729 + (i * j) % 65_521) % 16
+}
+
+/// One row's mask: its name, the options, and what the PyTorch side needs to rebuild it.
+struct MaskCase {
+    name: String,
+    params: AttnParams<'static>,
+    extra: Value,
+}
+
+/// ALiBi slopes of `H` heads (the usual geometric sequence `2^(−8h/H)`).
+fn alibi_slopes() -> &'static [f32] {
+    let v: Vec<f32> = (1..=H)
+        .map(|h| 2f32.powf(-8.0 * h as f32 / H as f32))
+        .collect();
+    Box::leak(v.into_boxed_slice())
+}
+
+/// The mask rows at length `n`.
+fn cases(n: usize) -> Result<Vec<MaskCase>> {
+    let causal = AttnParams {
+        causal: true,
+        ..AttnParams::default()
+    };
+    let mut out = vec![
+        MaskCase {
+            name: "causal".into(),
+            params: causal,
+            extra: json!({}),
+        },
+        MaskCase {
+            name: "window4k_causal".into(),
+            params: AttnParams {
+                window: Some((4096, 0)),
+                ..causal
+            },
+            extra: json!({"window": 4096}),
+        },
+        MaskCase {
+            name: "alibi_causal".into(),
+            params: AttnParams {
+                alibi_slopes: Some(alibi_slopes()),
+                ..causal
+            },
+            extra: json!({"alibi": alibi_slopes()}),
+        },
+        MaskCase {
+            name: "softcap30_causal".into(),
+            params: AttnParams {
+                softcap: Some(30.0),
+                ..causal
+            },
+            extra: json!({"softcap": 30.0}),
+        },
+    ];
+    let blocks = n.div_ceil(128);
+    for sixteenths in [16usize, 8, 4, 2, 1] {
+        let mask = BlockMask::from_fn([1, 1, blocks, blocks], |_, _, i, j| {
+            block_hash(i, j) < sixteenths
+        })?;
+        let density = mask.density();
+        let mask: &'static BlockMask = Box::leak(Box::new(mask));
+        out.push(MaskCase {
+            name: format!("block_{sixteenths}/16"),
+            params: AttnParams {
+                block_mask: Some(mask),
+                ..AttnParams::default()
+            },
+            extra: json!({"block_sixteenths": sixteenths, "density": density}),
+        });
+    }
+    Ok(out)
+}
+
+/// Random values in [-1, 1) on the device.
+fn tensor(dev: &Device, shape: &[usize], seed: u64) -> Result<DeviceTensor<bf16>> {
+    let n: usize = shape.iter().product();
+    let v: Vec<bf16> = flash_attn_cli::sample::uniform(n, seed, -1.0, 1.0)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect();
+    DeviceTensor::from_host(dev, shape, &v)
+}
+
+/// The mask rows (see the module docs).
+pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize]) -> Result<Vec<Value>> {
+    let mut rows = Vec::new();
+    for &n in ns {
+        let shape = [1, n, H, D];
+        let (q, k, v, d_o) = (
+            tensor(dev, &shape, 1)?,
+            tensor(dev, &shape, 2)?,
+            tensor(dev, &shape, 3)?,
+            tensor(dev, &shape, 4)?,
+        );
+        let mut o = DeviceTensor::<bf16>::zeros(dev, &shape)?;
+        let mut lse = DeviceTensor::<f32>::zeros(dev, &[1, H, n])?;
+        let mut grads = [
+            DeviceTensor::<bf16>::zeros(dev, &shape)?,
+            DeviceTensor::<bf16>::zeros(dev, &shape)?,
+            DeviceTensor::<bf16>::zeros(dev, &shape)?,
+        ];
+        for case in cases(n)? {
+            let p = &case.params;
+            let fwd = median(&time_ms(dev, 3, reps, || {
+                flash_attn_into(dev, &q, &k, &v, p, &mut o, &mut lse)
+            })?);
+            let [dq, dk, dv] = &mut grads;
+            let fwd_bwd = median(&time_ms(dev, 2, reps.min(10), || {
+                flash_attn_into(dev, &q, &k, &v, p, &mut o, &mut lse)?;
+                flash_attn_backward_into(
+                    dev,
+                    &q,
+                    &k,
+                    &v,
+                    &o,
+                    &d_o,
+                    &lse,
+                    p,
+                    BwdMode::Fast,
+                    dq,
+                    dk,
+                    dv,
+                )
+            })?);
+            for (op, ms) in [("fwd", fwd), ("fwd_bwd", fwd_bwd)] {
+                eprintln!("{op:<7} {:<18} n={n:<6} {ms:>9.3} ms", case.name);
+                let mut row = json!({
+                    "op": op, "mask": case.name, "dtype": "bf16", "d": D, "h": H, "b": 1, "n": n,
+                    "causal": p.causal, "ours_ms": ms,
+                });
+                for (key, value) in case.extra.as_object().expect("object") {
+                    row[key] = value.clone();
+                }
+                rows.push(row);
+            }
+        }
+    }
+    rows.extend(bench_varlen(dev, reps)?);
+    Ok(rows)
+}
+
+/// Sequence lengths of the varlen rows: drawn from 128–16K (fixed seed), 64K tokens in all
+/// (the last one trimmed).
+fn varlen_lengths() -> Vec<usize> {
+    let draws = flash_attn_cli::sample::uniform(64, 7, 0.0, 1.0);
+    let mut lens = Vec::new();
+    let mut total = 0;
+    for x in draws {
+        let len = (128.0 * 128f32.powf(x)) as usize; // log-uniform in [128, 16K)
+        let len = len.min(65_536 - total);
+        if len == 0 {
+            break;
+        }
+        lens.push(len);
+        total += len;
+    }
+    lens
+}
+
+/// The varlen rows: one causal call over the packed batch, and the sum of the same
+/// sequences' calls one by one (the ≤ 1.1× target), forward and forward + backward; the
+/// PyTorch side times SDPA's flash backend on the padded batch.
+fn bench_varlen(dev: &Device, reps: usize) -> Result<Vec<Value>> {
+    let lens = varlen_lengths();
+    let total: usize = lens.iter().sum();
+    let mut cu = vec![0i32];
+    for &l in &lens {
+        cu.push(cu.last().copied().unwrap_or(0) + l as i32);
+    }
+    let shape = [total, H, D];
+    let (q, k, v, d_o) = (
+        tensor(dev, &shape, 1)?,
+        tensor(dev, &shape, 2)?,
+        tensor(dev, &shape, 3)?,
+        tensor(dev, &shape, 4)?,
+    );
+    let cu_d = DeviceTensor::from_host(dev, &[cu.len()], &cu)?;
+    let varlen = Varlen {
+        cu_seqlens_q: &cu_d,
+        cu_seqlens_k: &cu_d,
+        host: Some(HostVarlen {
+            cu_seqlens_q: &cu,
+            cu_seqlens_k: &cu,
+        }),
+    };
+    let params = AttnParams {
+        causal: true,
+        ..AttnParams::default()
+    };
+    let mut o = DeviceTensor::<bf16>::zeros(dev, &shape)?;
+    let mut lse = DeviceTensor::<f32>::zeros(dev, &[H, total])?;
+    let mut g = [
+        DeviceTensor::<bf16>::zeros(dev, &shape)?,
+        DeviceTensor::<bf16>::zeros(dev, &shape)?,
+        DeviceTensor::<bf16>::zeros(dev, &shape)?,
+    ];
+    let fwd = median(&time_ms(dev, 3, reps, || {
+        flash_attn_varlen_into(dev, &q, &k, &v, &varlen, &params, &mut o, &mut lse)
+    })?);
+    let [dq, dk, dv] = &mut g;
+    let fwd_bwd = median(&time_ms(dev, 2, reps.min(10), || {
+        flash_attn_varlen_into(dev, &q, &k, &v, &varlen, &params, &mut o, &mut lse)?;
+        flash_attn_varlen_backward_into(
+            dev,
+            &q,
+            &k,
+            &v,
+            &o,
+            &d_o,
+            &lse,
+            &varlen,
+            &params,
+            BwdMode::Fast,
+            dq,
+            dk,
+            dv,
+        )
+    })?);
+    // The same sequences, one padded call each (batch 1), timed one by one and summed.
+    let (mut sum_fwd, mut sum_fwd_bwd) = (0.0f32, 0.0f32);
+    for &n in &lens {
+        let s = [1, n, H, D];
+        let (q1, k1, v1, do1) = (
+            tensor(dev, &s, 1)?,
+            tensor(dev, &s, 2)?,
+            tensor(dev, &s, 3)?,
+            tensor(dev, &s, 4)?,
+        );
+        let mut o1 = DeviceTensor::<bf16>::zeros(dev, &s)?;
+        let mut l1 = DeviceTensor::<f32>::zeros(dev, &[1, H, n])?;
+        let mut g1 = [
+            DeviceTensor::<bf16>::zeros(dev, &s)?,
+            DeviceTensor::<bf16>::zeros(dev, &s)?,
+            DeviceTensor::<bf16>::zeros(dev, &s)?,
+        ];
+        sum_fwd += median(&time_ms(dev, 2, reps, || {
+            flash_attn_into(dev, &q1, &k1, &v1, &params, &mut o1, &mut l1)
+        })?);
+        let [dq1, dk1, dv1] = &mut g1;
+        sum_fwd_bwd += median(&time_ms(dev, 2, reps.min(10), || {
+            flash_attn_into(dev, &q1, &k1, &v1, &params, &mut o1, &mut l1)?;
+            flash_attn_backward_into(
+                dev,
+                &q1,
+                &k1,
+                &v1,
+                &o1,
+                &do1,
+                &l1,
+                &params,
+                BwdMode::Fast,
+                dq1,
+                dk1,
+                dv1,
+            )
+        })?);
+    }
+    let mut rows = Vec::new();
+    for (op, ms, sum) in [("fwd", fwd, sum_fwd), ("fwd_bwd", fwd_bwd, sum_fwd_bwd)] {
+        eprintln!(
+            "{op:<7} varlen ({} seqs, {total} tokens) {ms:>9.3} ms, per-sequence sum {sum:.3} ms",
+            lens.len()
+        );
+        rows.push(json!({
+            "op": op, "mask": "varlen", "dtype": "bf16", "d": D, "h": H, "b": lens.len(),
+            "n": total, "causal": true, "lens": lens, "ours_ms": ms, "ours_sum_ms": sum,
+            "ratio_vs_sum": ms / sum,
+        }));
+    }
+    Ok(rows)
+}

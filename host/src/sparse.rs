@@ -1,0 +1,226 @@
+//! Block-sparse masks ([`BlockMask`]): one bit per block of [`SPARSE_BLOCK`] queries ×
+//! [`SPARSE_BLOCK`] keys, per batch entry and head or shared, and the helpers that build the
+//! common layouts (local + global tokens, strided, butterfly).
+
+use flash_attn_kernels::mask::SPARSE_BLOCK;
+
+use crate::error::{FlashError, Result};
+
+/// Rows and columns of one block of a [`BlockMask`]: 128 queries × 128 keys.
+pub const BLOCK: usize = SPARSE_BLOCK as usize;
+
+/// A block-sparse mask: `[B or 1, H or 1, ⌈Nq / 128⌉, ⌈Nk / 128⌉]` bits, bit (b, h, i, j) set
+/// when query block `i` (queries `128·i ..`) of batch entry `b`, query head `h` may see key
+/// block `j` (a dimension of 1 is shared by every entry or head). Blocks whose bit is 0 are
+/// neither loaded nor computed; within visible blocks the other masks (causal, sequence ends)
+/// still apply, so a causal block-sparse call sees `visible block ∧ j ≤ i + Nk − Nq`. Stored
+/// bit-packed: each block row is `⌈key blocks / 32⌉` u32 words, bit `j % 32` of word `j / 32`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockMask {
+    dims: [usize; 4],
+    row_words: usize,
+    words: Vec<u32>,
+}
+
+impl BlockMask {
+    /// The mask of `dims` (`[B or 1, H or 1, query blocks, key blocks]`) with bit
+    /// `visible(b, h, i, j)`. Errors: [`FlashError::Shape`] for a zero dimension,
+    /// [`FlashError::TooLarge`] for one that overflows.
+    pub fn from_fn(
+        dims: [usize; 4],
+        mut visible: impl FnMut(usize, usize, usize, usize) -> bool,
+    ) -> Result<Self> {
+        if dims.contains(&0) {
+            return Err(FlashError::Shape(format!(
+                "block mask {dims:?}: every dimension must be ≥ 1"
+            )));
+        }
+        let row_words = dims[3].div_ceil(32);
+        let n = dims[..3]
+            .iter()
+            .try_fold(row_words, |a, &d| a.checked_mul(d))
+            .filter(|&n| n <= u32::MAX as usize)
+            .ok_or_else(|| FlashError::TooLarge(format!("block mask {dims:?}")))?;
+        let mut words = vec![0u32; n];
+        let [nb, nh, nqb, nkb] = dims;
+        for b in 0..nb {
+            for h in 0..nh {
+                for i in 0..nqb {
+                    let row = ((b * nh + h) * nqb + i) * row_words;
+                    for j in 0..nkb {
+                        if visible(b, h, i, j) {
+                            words[row + j / 32] |= 1 << (j % 32);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            dims,
+            row_words,
+            words,
+        })
+    }
+
+    /// The mask of a dense `[B or 1, H or 1, query blocks, key blocks]` array (row-major),
+    /// nonzero where visible (the CLI's `block_mask` tensor).
+    pub fn from_dense(dims: [usize; 4], dense: &[i32]) -> Result<Self> {
+        let n: usize = dims.iter().product();
+        if dense.len() != n {
+            return Err(FlashError::Shape(format!(
+                "block mask {dims:?} needs {n} values, got {}",
+                dense.len()
+            )));
+        }
+        let [_, nh, nqb, nkb] = dims;
+        Self::from_fn(dims, |b, h, i, j| {
+            dense[((b * nh + h) * nqb + i) * nkb + j] != 0
+        })
+    }
+
+    /// `[B or 1, H or 1, query blocks, key blocks]`.
+    pub fn dims(&self) -> [usize; 4] {
+        self.dims
+    }
+
+    /// Whether key block `j` is visible from query block `i` of entry `b`, head `h` (indices
+    /// of shared dimensions are taken modulo 1).
+    pub fn get(&self, b: usize, h: usize, i: usize, j: usize) -> bool {
+        let (b, h) = (b % self.dims[0], h % self.dims[1]);
+        let row = ((b * self.dims[1] + h) * self.dims[2] + i) * self.row_words;
+        self.words[row + j / 32] >> (j % 32) & 1 != 0
+    }
+
+    /// The share of visible blocks.
+    pub fn density(&self) -> f64 {
+        let ones: u64 = self.words.iter().map(|w| u64::from(w.count_ones())).sum();
+        ones as f64 / self.dims.iter().product::<usize>() as f64
+    }
+
+    /// The packed words (what the kernels read).
+    pub(crate) fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// Words between two batch entries' rows (0 when shared).
+    pub(crate) fn batch_stride(&self) -> usize {
+        if self.dims[0] == 1 {
+            0
+        } else {
+            self.dims[1] * self.dims[2] * self.row_words
+        }
+    }
+
+    /// Words between two heads' rows (0 when shared).
+    pub(crate) fn head_stride(&self) -> usize {
+        if self.dims[1] == 1 {
+            0
+        } else {
+            self.dims[2] * self.row_words
+        }
+    }
+
+    /// Checks the mask against a call of `batch` entries, `heads_q` query heads and the
+    /// lengths `seqlen_q`, `seqlen_k`. Errors: [`FlashError::Shape`].
+    pub fn check(
+        &self,
+        batch: usize,
+        heads_q: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+    ) -> Result<()> {
+        let want = [seqlen_q.div_ceil(BLOCK), seqlen_k.div_ceil(BLOCK)];
+        let [b, h, qb, kb] = self.dims;
+        if (b != 1 && b != batch) || (h != 1 && h != heads_q) || [qb, kb] != want {
+            return Err(FlashError::Shape(format!(
+                "block mask is {:?}, expected [{batch} or 1, {heads_q} or 1, {}, {}] (blocks of {BLOCK} queries × {BLOCK} keys)",
+                self.dims, want[0], want[1]
+            )));
+        }
+        Ok(())
+    }
+
+    /// Local and global attention (Longformer, BigBird's window + global tokens), shared by
+    /// every entry and head: query block `i` sees key blocks within `window` blocks of its
+    /// diagonal (bottom-right aligned: key block `i + kb − qb`), and the first `global` key
+    /// blocks; the first `global` query blocks see every key block.
+    pub fn local_global(
+        q_blocks: usize,
+        k_blocks: usize,
+        window: usize,
+        global: usize,
+    ) -> Result<Self> {
+        let shift = k_blocks as i64 - q_blocks as i64;
+        Self::from_fn([1, 1, q_blocks, k_blocks], |_, _, i, j| {
+            let diag = i as i64 + shift;
+            (j as i64 - diag).unsigned_abs() as usize <= window || j < global || i < global
+        })
+    }
+
+    /// Strided attention (the Sparse Transformer's pattern): query block `i` sees the `local`
+    /// key blocks ending at its diagonal and every `stride`-th key block before it (key blocks
+    /// `j` with `(diagonal − j) % stride == 0`).
+    pub fn strided(q_blocks: usize, k_blocks: usize, local: usize, stride: usize) -> Result<Self> {
+        if stride == 0 {
+            return Err(FlashError::Param(
+                "strided block mask: stride must be ≥ 1".into(),
+            ));
+        }
+        let shift = k_blocks as i64 - q_blocks as i64;
+        Self::from_fn([1, 1, q_blocks, k_blocks], |_, _, i, j| {
+            let back = i as i64 + shift - j as i64;
+            back >= 0 && ((back as usize) < local || back as usize % stride == 0)
+        })
+    }
+
+    /// Butterfly attention (Pixelated Butterfly): query block `i` sees key block `j` when
+    /// `i XOR j` is 0 or a power of two (the diagonal and one partner at every scale; with
+    /// fewer key blocks than query blocks, query blocks wrap around the key blocks).
+    pub fn butterfly(q_blocks: usize, k_blocks: usize) -> Result<Self> {
+        Self::from_fn([1, 1, q_blocks, k_blocks], |_, _, i, j| {
+            ((i % k_blocks) ^ j).count_ones() <= 1
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_round_trip_and_broadcast() {
+        let m = BlockMask::from_fn([2, 1, 3, 40], |b, _, i, j| (b + i + j) % 3 == 0).unwrap();
+        assert_eq!(m.row_words, 2);
+        for b in 0..2 {
+            for h in 0..5 {
+                for i in 0..3 {
+                    for j in 0..40 {
+                        assert_eq!(m.get(b, h, i, j), (b + i + j) % 3 == 0);
+                    }
+                }
+            }
+        }
+        assert_eq!((m.batch_stride(), m.head_stride()), (6, 0));
+        let dense: Vec<i32> = (0..2 * 3 * 40).map(|x| i32::from(x % 7 == 0)).collect();
+        let d = BlockMask::from_dense([2, 1, 3, 40], &dense).unwrap();
+        assert!(d.get(0, 0, 0, 0) && !d.get(0, 0, 0, 1) && d.get(0, 0, 0, 7));
+        assert!(BlockMask::from_fn([1, 0, 1, 1], |_, _, _, _| true).is_err());
+        assert!(m.check(2, 4, 300, 5000).is_ok());
+        assert!(m.check(3, 4, 300, 5000).is_err());
+        assert!(m.check(2, 4, 257, 5000).is_ok());
+        assert!(m.check(2, 4, 256, 5000).is_err());
+    }
+
+    #[test]
+    fn helpers_draw_their_patterns() {
+        let lg = BlockMask::local_global(8, 8, 1, 1).unwrap();
+        assert!(lg.get(0, 0, 5, 4) && lg.get(0, 0, 5, 6) && !lg.get(0, 0, 5, 3));
+        assert!(lg.get(0, 0, 5, 0) && lg.get(0, 0, 0, 7));
+        let st = BlockMask::strided(8, 8, 2, 3).unwrap();
+        assert!(st.get(0, 0, 7, 7) && st.get(0, 0, 7, 6) && st.get(0, 0, 7, 4));
+        assert!(!st.get(0, 0, 7, 5) && st.get(0, 0, 7, 1) && !st.get(0, 0, 3, 4));
+        let bf = BlockMask::butterfly(8, 8).unwrap();
+        assert!(bf.get(0, 0, 5, 5) && bf.get(0, 0, 5, 4) && bf.get(0, 0, 5, 1));
+        assert!(!bf.get(0, 0, 5, 2) && (bf.density() - 32.0 / 64.0).abs() < 1e-12);
+    }
+}
