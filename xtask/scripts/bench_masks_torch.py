@@ -25,6 +25,10 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+# One compiled kernel per mask and score modification, forward and backward: more than
+# dynamo's default of 8 recompilations per function.
+torch._dynamo.config.recompile_limit = 256
+torch._dynamo.config.cache_size_limit = 256
 flex = torch.compile(flex_attention, dynamic=False)
 
 
