@@ -213,6 +213,11 @@ fn run_backward<T: Element>(
     [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
 ) -> Result<()> {
     let d = shape.head_dim;
+    if params.tree_mask.is_some() {
+        return Err(FlashError::Param(
+            "the GPU backward takes no tree mask (tree masks serve the forward and decoding; the CPU backward takes them)".into(),
+        ));
+    }
     let kernel = registry::bwd_kernel(d, params.mask_kind()).ok_or(FlashError::HeadDim(d))?;
     let dtype = match T::DTYPE {
         DType::BF16 => KernelDType::Bf16,

@@ -22,6 +22,7 @@ pub mod shape;
 pub mod sparse;
 pub mod tensor;
 pub mod timing;
+pub mod tree;
 
 pub use bwd::{
     deterministic_splits, flash_attn_backward, flash_attn_backward_into,
@@ -39,3 +40,4 @@ pub use params::AttnParams;
 pub use seqs::{HostVarlen, Varlen};
 pub use sparse::BlockMask;
 pub use tensor::DeviceTensor;
+pub use tree::{TreeMask, TreeMaskRef};

@@ -35,9 +35,9 @@ impl DeviceMask {
             Some(s) => Some(DeviceTensor::from_host(dev, &[s.len()], s)?),
             None => None,
         };
-        let blocks = match params.block_mask {
-            Some(m) => {
-                let words: Vec<i32> = m.words().iter().map(|&w| w as i32).collect();
+        let blocks = match params.mask_words() {
+            Some(w) => {
+                let words: Vec<i32> = w.iter().map(|&w| w as i32).collect();
                 Some(DeviceTensor::from_host(dev, &[words.len()], &words)?)
             }
             None => None,
@@ -54,8 +54,9 @@ impl DeviceMask {
 
 impl<'a> AttnParams<'a> {
     /// These options for batch entry `batch` alone (a call of batch 1): per-(batch, head)
-    /// ALiBi slopes are cut to the entry's `[Hq]` and key lengths to the entry's; the rest is
-    /// unchanged.
+    /// ALiBi slopes are cut to the entry's `[Hq]`, key lengths and a tree mask to the
+    /// entry's; a block mask is dropped (block masks take no per-entry calls: the callers
+    /// that split a call reject them); the rest is unchanged.
     pub fn for_entry(&self, batch: usize, heads_q: usize) -> AttnParams<'a> {
         let alibi_slopes = self.alibi_slopes.map(|s| {
             if s.len() == heads_q {
@@ -68,6 +69,7 @@ impl<'a> AttnParams<'a> {
             alibi_slopes,
             seqlens_k: self.seqlens_k.map(|l| &l[batch..batch + 1]),
             block_mask: None,
+            tree_mask: self.tree_mask.map(|t| t.entry(batch)),
             ..*self
         }
     }
@@ -84,16 +86,22 @@ impl<'a> AttnParams<'a> {
                 )));
             }
         }
-        if self.block_mask.is_some() {
-            let others = [
-                ("a window", self.window.is_some()),
-                ("a softcap", self.softcap.is_some()),
-                ("ALiBi", self.alibi_slopes.is_some()),
-                ("key padding (seqlens_k)", self.seqlens_k.is_some()),
-            ];
-            if let Some((what, _)) = others.iter().find(|(_, on)| *on) {
+        // The bit masks have kernels of their own, which carry causal masking only.
+        let others = [
+            ("a window", self.window.is_some()),
+            ("a softcap", self.softcap.is_some()),
+            ("ALiBi", self.alibi_slopes.is_some()),
+            ("key padding (seqlens_k)", self.seqlens_k.is_some()),
+            ("a block mask", self.block_mask.is_some()),
+        ];
+        for (mask, on) in [
+            ("a block mask", self.block_mask.is_some()),
+            ("a tree mask", self.tree_mask.is_some()),
+        ] {
+            let clash = others.iter().find(|(what, set)| *set && *what != mask);
+            if let (true, Some((what, _))) = (on, clash) {
                 return Err(FlashError::Param(format!(
-                    "a block mask cannot be combined with {what} (block-sparse kernels carry causal masking only)"
+                    "{mask} cannot be combined with {what}"
                 )));
             }
         }
@@ -115,11 +123,32 @@ impl<'a> AttnParams<'a> {
         Ok(())
     }
 
-    /// Checks the block mask, if any, against a call of `shape`.
+    /// Checks the block mask and the tree mask, if any, against a call of `shape`.
     pub fn check_block_mask(&self, shape: &AttnShape) -> Result<()> {
-        match self.block_mask {
-            Some(m) => m.check(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k),
-            None => Ok(()),
+        if let Some(m) = self.block_mask {
+            m.check(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k)?;
+        }
+        if let Some(t) = self.tree_mask {
+            t.check(shape.batch, shape.seqlen_q, shape.seqlen_k)?;
+        }
+        Ok(())
+    }
+
+    /// The keys every sequence of a decode call with queries `q_shape` (`[B, Nq, ..]`) must
+    /// attend to: a tree mask's drafts (`Nq`), else 0.
+    pub(crate) fn min_decode_keys(&self, q_shape: &[usize]) -> usize {
+        match self.tree_mask {
+            Some(_) => q_shape.get(1).copied().unwrap_or(0),
+            None => 0,
+        }
+    }
+
+    /// The words of the bit mask the kernels read: the block mask's or the tree's.
+    pub(crate) fn mask_words(&self) -> Option<&[u32]> {
+        match (self.block_mask, self.tree_mask) {
+            (Some(m), _) => Some(m.words()),
+            (None, Some(t)) => Some(t.words()),
+            (None, None) => None,
         }
     }
 
@@ -129,6 +158,8 @@ impl<'a> AttnParams<'a> {
     pub fn mask_kind(&self) -> MaskKind {
         if self.block_mask.is_some() {
             MaskKind::Sparse
+        } else if self.tree_mask.is_some() {
+            MaskKind::Tree
         } else if self.window.is_some() || self.softcap.is_some() || self.alibi_slopes.is_some() {
             MaskKind::Masked
         } else {
@@ -175,9 +206,13 @@ impl<'a> AttnParams<'a> {
             softcap: self.softcap.unwrap_or(0.0),
             scale: self.scale(head_dim)?,
             flags: if self.causal { FLAG_CAUSAL } else { 0 },
-            block_mask: blocks,
-            block_batch_stride: self.block_mask.map_or(0, |m| m.batch_stride() as u32),
-            block_head_stride: self.block_mask.map_or(0, |m| m.head_stride() as u32),
+            mask_bits: blocks,
+            bits_batch_stride: match (self.block_mask, self.tree_mask) {
+                (Some(m), _) => m.batch_stride() as u32,
+                (None, Some(t)) => t.batch_stride() as u32,
+                (None, None) => 0,
+            },
+            bits_head_stride: self.block_mask.map_or(0, |m| m.head_stride() as u32),
             reserved: [0; 2],
         })
     }
@@ -187,7 +222,7 @@ impl<'a> AttnParams<'a> {
     pub(crate) fn kernel_scale_log2(&self, head_dim: usize) -> Result<f32> {
         let scale_log2 = self.scale_log2(head_dim)?;
         Ok(match self.mask_kind() {
-            MaskKind::Causal | MaskKind::Sparse => scale_log2,
+            MaskKind::Causal | MaskKind::Sparse | MaskKind::Tree => scale_log2,
             MaskKind::Masked => std::f32::consts::LOG2_E,
         })
     }
@@ -197,7 +232,7 @@ impl<'a> AttnParams<'a> {
     pub(crate) fn kernel_grad_scale(&self, head_dim: usize) -> Result<f32> {
         let scale = self.scale(head_dim)?;
         Ok(match self.mask_kind() {
-            MaskKind::Causal | MaskKind::Sparse => scale,
+            MaskKind::Causal | MaskKind::Sparse | MaskKind::Tree => scale,
             MaskKind::Masked => 1.0,
         })
     }
@@ -213,7 +248,7 @@ pub(crate) fn cpu_mask<M: AttnMask>(
     (batch, head): (usize, usize),
 ) -> Result<M> {
     params.check_block_mask(shape)?;
-    let words = params.block_mask.map_or(0, |m| m.words().as_ptr() as u64);
+    let words = params.mask_words().map_or(0, |w| w.as_ptr() as u64);
     let args = params.mask_args(shape.head_dim, shape.heads_q, 0, words)?;
     let block = BlockInfo {
         batch: batch as u32,
@@ -243,6 +278,10 @@ macro_rules! with_cpu_mask {
             }
             flash_attn_kernels::registry::MaskKind::Sparse => {
                 type $M = flash_attn_kernels::mask::SparseMask;
+                $body
+            }
+            flash_attn_kernels::registry::MaskKind::Tree => {
+                type $M = flash_attn_kernels::mask::TreeMask;
                 $body
             }
         }

@@ -48,6 +48,14 @@ pub struct AttnParams<'a> {
     /// errors).
     /// The GPU path copies the bits to the device on every call.
     pub block_mask: Option<&'a crate::sparse::BlockMask>,
+    /// A tree of draft tokens (speculative decoding, see [`crate::TreeMask`]): the queries are
+    /// the drafts, the last `Nq` keys the same drafts, and every key before them (the cached
+    /// prefix) is visible; draft `i` sees draft `t` when the tree says so (and, with causal
+    /// masking, `t ≤ i`). In the forward and the decode path (contiguous or paged caches;
+    /// every sequence must hold the drafts among its keys), GPU and CPU; the CPU backward
+    /// takes it too, the GPU backward does not (a typed error). Not with a window, softcap,
+    /// ALiBi, block mask, key padding or varlen batch.
+    pub tree_mask: Option<crate::tree::TreeMaskRef<'a>>,
 }
 
 impl AttnParams<'_> {

@@ -321,7 +321,7 @@ impl SeqRun {
         };
         MaskArgs {
             alibi_slopes: from(args.alibi_slopes, args.alibi_batch_stride),
-            block_mask: from(args.block_mask, args.block_batch_stride),
+            mask_bits: from(args.mask_bits, args.bits_batch_stride),
             ..args
         }
     }

@@ -368,10 +368,12 @@ pub(crate) fn check_decode_shapes(
 
 /// Checks the cache lengths of a decode call against its shape, and (paged) every page
 /// `page(b, slot)` the lengths reach against the pool; calls `each(b, keys)` with the keys
-/// sequence `b` attends to (cached + appended).
+/// sequence `b` attends to (cached + appended), which must be at least `min_keys` (a tree
+/// mask's drafts).
 pub(crate) fn check_decode_lengths(
     shape: &DecodeShape,
     lens: &[i32],
+    min_keys: usize,
     page: impl Fn(usize, usize) -> i32,
     mut each: impl FnMut(usize, usize) -> Result<()>,
 ) -> Result<()> {
@@ -397,6 +399,11 @@ pub(crate) fn check_decode_lengths(
                     )));
                 }
             }
+        }
+        if keys < min_keys {
+            return Err(FlashError::Shape(format!(
+                "sequence {b} attends to {keys} keys, fewer than the {min_keys} drafts of its tree mask"
+            )));
         }
         each(b, keys)?;
     }

@@ -528,11 +528,11 @@ impl SparseMask {
 impl AttnMask for SparseMask {
     #[inline(always)]
     unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
-        let first = block.batch as u64 * args.block_batch_stride as u64
-            + block.head as u64 * args.block_head_stride as u64;
+        let first = block.batch as u64 * args.bits_batch_stride as u64
+            + block.head as u64 * args.bits_head_stride as u64;
         Self {
             base: CausalMask::new(args, block),
-            bits: args.block_mask + 4 * first,
+            bits: args.mask_bits + 4 * first,
         }
     }
 
@@ -581,12 +581,104 @@ impl AttnMask for SparseMask {
     }
 }
 
+/// A tree mask (speculative decoding): the queries are `seqlen_q` draft tokens, the last
+/// `seqlen_q` keys are the same drafts, and the keys before them (the cached prefix,
+/// `seqlen_k − seqlen_q` of them) stay fully visible. Query `i` sees draft key `t` when bit
+/// `t` of its row is set (row `i`: [`tree_row_words`] u32 words, bit `t % 32` of word
+/// `t / 32`); with causal masking also `t ≤ i`. Only key tiles that reach the drafts run the
+/// element test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeMask {
+    /// Tails and causal masking (bottom-right aligned: draft `i` is key `prefix + i`).
+    pub base: CausalMask,
+    /// Address of the batch entry's first u32 word.
+    pub bits: u64,
+}
+
+/// Words per row of a tree mask over `drafts` draft tokens.
+#[inline(always)]
+pub const fn tree_row_words(drafts: u32) -> u32 {
+    drafts.div_ceil(32)
+}
+
+impl TreeMask {
+    /// Keys before the drafts (the cached prefix; the host checks `seqlen_k ≥ seqlen_q`).
+    #[inline(always)]
+    fn prefix(&self) -> u32 {
+        self.base.seqlen_k.saturating_sub(self.base.seqlen_q)
+    }
+
+    /// Whether draft `row` sees draft `t`.
+    #[inline(always)]
+    fn sees_draft(&self, row: u32, t: u32) -> bool {
+        let words = tree_row_words(self.base.seqlen_q);
+        let at = row as usize * words as usize + (t / 32) as usize;
+        // SAFETY: `new`'s caller vouches for `seqlen_q` rows of words; `row < seqlen_q`.
+        unsafe { *(self.bits as *const u32).add(at) >> (t % 32) & 1 != 0 }
+    }
+}
+
+impl AttnMask for TreeMask {
+    #[inline(always)]
+    unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
+        let first = block.batch as u64 * args.bits_batch_stride as u64;
+        Self {
+            base: CausalMask::new(args, block),
+            bits: args.mask_bits + 4 * first,
+        }
+    }
+
+    #[inline(always)]
+    fn later_rows_see_more(args: &MaskArgs) -> bool {
+        CausalMask::later_rows_see_more(args)
+    }
+
+    #[inline(always)]
+    fn first_key_tile(&self, row0: u32, block_m: u32, block_n: u32) -> Option<u32> {
+        self.base.first_key_tile(row0, block_m, block_n)
+    }
+
+    #[inline(always)]
+    fn next_key_tile(&self, row0: u32, block_m: u32, block_n: u32, n: u32) -> Option<u32> {
+        self.base.next_key_tile(row0, block_m, block_n, n)
+    }
+
+    #[inline(always)]
+    fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool {
+        self.base.visits_key_tile(row0, block_m, n, block_n)
+    }
+
+    #[inline(always)]
+    fn tile_needs_mask(&self, row0: u32, block_m: u32, n_block: u32, block_n: u32) -> bool {
+        let reaches_drafts = (n_block as u64 + 1) * block_n as u64 > self.prefix() as u64;
+        reaches_drafts || self.base.tile_needs_mask(row0, block_m, n_block, block_n)
+    }
+
+    #[inline(always)]
+    fn visible(&self, row: u32, key: u32) -> bool {
+        let prefix = self.prefix();
+        self.base.visible(row, key)
+            && (key < prefix || (row < self.base.seqlen_q && self.sees_draft(row, key - prefix)))
+    }
+
+    #[inline(always)]
+    fn row_sees_keys(&self, row: u32) -> bool {
+        if !self.base.row_sees_keys(row) {
+            return false;
+        }
+        let end = self.base.key_end(row);
+        let prefix = self.prefix();
+        prefix > 0 || (0..end.saturating_sub(prefix)).any(|t| self.sees_draft(row, t))
+    }
+}
+
 /// The mask types by [`crate::registry::MaskKind`] name (the registry's entry points name them
 /// this way).
 pub mod kind {
     pub use super::CausalMask as Causal;
     pub use super::ScoredMask as Masked;
     pub use super::SparseMask as Sparse;
+    pub use super::TreeMask as Tree;
 }
 
 #[cfg(test)]
@@ -648,6 +740,56 @@ mod tests {
                             );
                             if inside {
                                 // rows past seqlen_q are never stored, so only valid rows count
+                                assert!(all || m.tile_needs_mask(row0, bm, n, bn));
+                            }
+                        }
+                        for r in rows {
+                            assert_eq!(m.row_sees_keys(r), (0..nk).any(|k| m.visible(r, k)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Brute force for the tree mask: random ancestor sets, prefixes and causal on or off; the
+    /// tiles a query tile visits hold every key it sees, and tiles it sees only partly run
+    /// the element test.
+    #[test]
+    fn tree_tiles_match_predicate() {
+        let mut seed = 0x1234_5678_u32;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 17;
+            seed ^= seed << 5;
+            seed
+        };
+        for &(drafts, prefix) in &[(1u32, 0u32), (5, 0), (7, 30), (40, 100), (64, 64), (100, 3)] {
+            for causal in [false, true] {
+                let words = tree_row_words(drafts);
+                let bits: std::vec::Vec<u32> =
+                    (0..drafts * words).map(|_| next() & next()).collect();
+                let m = TreeMask {
+                    base: CausalMask {
+                        seqlen_q: drafts,
+                        seqlen_k: prefix + drafts,
+                        causal,
+                    },
+                    bits: bits.as_ptr() as u64,
+                };
+                let nk = prefix + drafts;
+                for (bm, bn) in [(16u32, 16u32), (64, 32), (128, 64)] {
+                    for row0 in (0..drafts).step_by(bm as usize) {
+                        let visited: std::vec::Vec<u32> = m.key_tiles(row0, bm, bn).collect();
+                        let rows = row0..(row0 + bm).min(drafts);
+                        for n in 0..nk.div_ceil(bn) {
+                            let keys = n * bn..((n + 1) * bn).min(nk);
+                            let any = rows.clone().any(|r| keys.clone().any(|k| m.visible(r, k)));
+                            let all = rows
+                                .clone()
+                                .all(|r| (n * bn..(n + 1) * bn).all(|k| m.visible(r, k)));
+                            if any {
+                                assert!(visited.contains(&n), "{drafts} {prefix} {causal} {n}");
                                 assert!(all || m.tile_needs_mask(row0, bm, n, bn));
                             }
                         }

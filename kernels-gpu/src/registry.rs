@@ -38,6 +38,9 @@ pub enum MaskKind {
     /// [`crate::mask::SparseMask`]: block-sparse attention (a bit per 128 × 128 block) with
     /// the tails and causal masking of the plain kernels. Forward and backward only.
     Sparse,
+    /// [`crate::mask::TreeMask`]: a tree of draft tokens (speculative decoding) after a fully
+    /// visible prefix. Forward and decode only.
+    Tree,
 }
 
 /// Kernel family: which algorithm and which parameter struct.
@@ -536,6 +539,12 @@ registry! {
         96 Sparse [flash_fwd_sparse_f16_d96, flash_fwd_sparse_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
         128 Sparse [flash_fwd_sparse_f16_d128, flash_fwd_sparse_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
         256 Sparse [flash_fwd_sparse_f16_d256, flash_fwd_sparse_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        // Tree masks (few queries: one 64-row query tile covers a typical draft tree).
+        32 Tree [flash_fwd_tree_f16_d32, flash_fwd_tree_bf16_d32] [(4, 1, 64, true), (4, 1, 64, true)];
+        64 Tree [flash_fwd_tree_f16_d64, flash_fwd_tree_bf16_d64] [(4, 1, 64, false), (4, 1, 64, false)];
+        96 Tree [flash_fwd_tree_f16_d96, flash_fwd_tree_bf16_d96] [(4, 1, 32, false), (4, 1, 32, false)];
+        128 Tree [flash_fwd_tree_f16_d128, flash_fwd_tree_bf16_d128] [(4, 1, 32, false), (4, 1, 32, false)];
+        256 Tree [flash_fwd_tree_f16_d256, flash_fwd_tree_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).
@@ -575,6 +584,13 @@ registry! {
         96 Masked [flash_decode_masked_f16_d96, flash_decode_masked_bf16_d96] [(2, 4, 2, false), (2, 8, 3, false)];
         128 Masked [flash_decode_masked_f16_d128, flash_decode_masked_bf16_d128] [(1, 4, 2, false), (1, 8, 3, false)];
         256 Masked [flash_decode_masked_f16_d256, flash_decode_masked_bf16_d256] [(1, 2, 2, false), (1, 4, 3, false)];
+        // Tree masks on the decode path: the plain tiles (one m-tile at d = 128 on sm_80,
+        // where the bits address would spill).
+        32 Tree [flash_decode_tree_f16_d32, flash_decode_tree_bf16_d32] [(2, 4, 4, true), (2, 4, 4, true)];
+        64 Tree [flash_decode_tree_f16_d64, flash_decode_tree_bf16_d64] [(2, 4, 4, true), (2, 4, 4, true)];
+        96 Tree [flash_decode_tree_f16_d96, flash_decode_tree_bf16_d96] [(2, 4, 2, false), (2, 8, 3, false)];
+        128 Tree [flash_decode_tree_f16_d128, flash_decode_tree_bf16_d128] [(1, 4, 2, false), (2, 8, 3, false)];
+        256 Tree [flash_decode_tree_f16_d256, flash_decode_tree_bf16_d256] [(1, 2, 2, false), (1, 4, 3, false)];
     }
     decode_passes {
         combine [flash_decode_combine_f16, flash_decode_combine_bf16];
@@ -656,6 +672,7 @@ mod tests {
                 MaskKind::Causal => "",
                 MaskKind::Masked => "masked_",
                 MaskKind::Sparse => "sparse_",
+                MaskKind::Tree => "tree_",
             };
             assert_eq!(
                 k.name(KernelDType::F16),

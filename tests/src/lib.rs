@@ -7,6 +7,7 @@
 //! fails, and an infinite LSE (a row that sees no key) must be matched exactly. The backward
 //! pass is held to the same rule for dQ, dK and dV ([`check_gradient_accuracy`]).
 
+pub mod cpu;
 pub mod gpu;
 
 use flash_attn::shape::AttnShape;
@@ -367,6 +368,7 @@ impl MaskRecipe {
             alibi_slopes: slopes,
             seqlens_k: params.seqlens_k,
             block_mask: params.block_mask,
+            tree_mask: params.tree_mask,
         }
     }
 }
@@ -471,4 +473,20 @@ pub fn cases(
             }
         },
     )
+}
+
+/// A random tree of `drafts` draft tokens per entry (`batch` entries, or one shared tree when
+/// `batch` is 1): each draft continues an earlier draft or (about a fifth of them) the prefix.
+pub fn random_tree(rng: &mut impl Rng, batch: usize, drafts: usize) -> flash_attn::TreeMask {
+    let parents: Vec<i32> = (0..batch * drafts)
+        .map(|at| {
+            let i = at % drafts;
+            if i == 0 || rng.gen_range(0..5) == 0 {
+                -1
+            } else {
+                rng.gen_range(0..i as i32)
+            }
+        })
+        .collect();
+    flash_attn::TreeMask::from_parents(batch, drafts, &parents).expect("valid parents")
 }

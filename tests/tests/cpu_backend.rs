@@ -4,7 +4,8 @@
 use flash_attn::cpu::{attention_cpu, attention_cpu_into, attention_naive, attention_reference};
 use flash_attn::shape::AttnShape;
 use flash_attn::{AttnParams, DType, Element, FlashError};
-use flash_attn_tests::{cases, check_accuracy, head_major, random_qkv, to_f64, Case, Magnitude};
+use flash_attn_tests::cpu::cpu_forward_case;
+use flash_attn_tests::{cases, random_qkv, to_f64, Magnitude};
 use half::{bf16, f16};
 use ndarray::{s, Array3, Array4};
 use proptest::prelude::*;
@@ -19,34 +20,6 @@ const HEADS: &[(usize, usize)] = &[(1, 1), (2, 1), (4, 2), (3, 3), (6, 2)];
 const HEAD_DIMS: &[usize] = &[1, 8, 32, 40, 64, 96, 100, 128];
 /// Softmax scales: the default `1/√d`, a custom one and a negative one.
 const SCALES: &[Option<f32>] = &[None, Some(0.3), Some(-0.5)];
-
-/// Runs one case in its element type and applies the accuracy rule.
-fn check_case<T: Element>(case: &Case) -> Result<(), String> {
-    let mut rng = StdRng::seed_from_u64(case.seed);
-    let scale = case
-        .params
-        .scale(case.shape.head_dim)
-        .map_err(|e| e.to_string())?;
-    let (mut q, mut k, mut v) = random_qkv::<T>(&mut rng, &case.shape, case.magnitude, scale);
-    if case.head_major {
-        (q, k, v) = (
-            head_major(q.view()),
-            head_major(k.view()),
-            head_major(v.view()),
-        );
-    }
-    let p = &case.params;
-    let fail = |e: FlashError| e.to_string();
-    let ours = attention_cpu(q.view(), k.view(), v.view(), p).map_err(fail)?;
-    let naive = attention_naive(q.view(), k.view(), v.view(), p).map_err(fail)?;
-    let (q64, k64, v64) = (to_f64(q.view()), to_f64(k.view()), to_f64(v.view()));
-    let reference = attention_reference(q64.view(), k64.view(), v64.view(), p).map_err(fail)?;
-    check_accuracy(
-        (ours.0.view(), ours.1.view()),
-        (naive.0.view(), naive.1.view()),
-        (reference.0.view(), reference.1.view()),
-    )
-}
 
 /// 64 cases, or `PROPTEST_CASES` for a longer soak (e.g. in release builds).
 fn config() -> ProptestConfig {
@@ -63,9 +36,9 @@ proptest! {
     #[test]
     fn cpu_matches_reference(case in cases(SEQ_LENS, HEADS, HEAD_DIMS, SCALES)) {
         let result = match case.dtype {
-            DType::F16 => check_case::<f16>(&case),
-            DType::BF16 => check_case::<bf16>(&case),
-            DType::F32 => check_case::<f32>(&case),
+            DType::F16 => cpu_forward_case::<f16>(&case),
+            DType::BF16 => cpu_forward_case::<bf16>(&case),
+            DType::F32 => cpu_forward_case::<f32>(&case),
             DType::I32 => unreachable!("the cases draw float dtypes only"),
         };
         result.map_err(TestCaseError::fail)?;
@@ -260,6 +233,7 @@ const OK: AttnParams<'static> = AttnParams {
     alibi_slopes: None,
     seqlens_k: None,
     block_mask: None,
+    tree_mask: None,
 };
 
 fn is_shape(e: &FlashError) -> bool {

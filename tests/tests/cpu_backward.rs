@@ -2,15 +2,11 @@
 //! accuracy rule of [`check_gradient_accuracy`], every gradient separately), plus fully masked
 //! rows in every element type.
 
-use flash_attn::cpu::{
-    attention_backward_cpu, attention_backward_naive, attention_backward_reference,
-    attention_backward_reference_given, attention_cpu,
-};
+use flash_attn::cpu::{attention_backward_cpu, attention_cpu};
 use flash_attn::shape::AttnShape;
-use flash_attn::{AttnParams, DType, Element, FlashError};
-use flash_attn_tests::{
-    cases, check_gradient_accuracy, head_major, random_array, random_qkv, to_f64, Case, Magnitude,
-};
+use flash_attn::{AttnParams, DType, Element};
+use flash_attn_tests::cpu::cpu_backward_case;
+use flash_attn_tests::{cases, random_array, random_qkv, Magnitude};
 use half::{bf16, f16};
 use ndarray::s;
 use proptest::prelude::*;
@@ -25,65 +21,6 @@ const HEADS: &[(usize, usize)] = &[(1, 1), (2, 1), (4, 2), (3, 3), (6, 2)];
 const HEAD_DIMS: &[usize] = &[1, 3, 8, 17, 32];
 /// Softmax scales: the default `1/√d`, a custom one, a negative one and zero.
 const SCALES: &[Option<f32>] = &[None, Some(0.3), Some(-0.5), Some(0.0)];
-
-/// Runs one case in its element type (forward then backward on the CPU) and applies the
-/// accuracy rule to dQ, dK and dV.
-fn check_case<T: Element>(case: &Case) -> Result<(), String> {
-    let mut rng = StdRng::seed_from_u64(case.seed);
-    let fail = |e: FlashError| e.to_string();
-    let scale = case.params.scale(case.shape.head_dim).map_err(fail)?;
-    let (mut q, mut k, mut v) = random_qkv::<T>(&mut rng, &case.shape, case.magnitude, scale);
-    let mut d_o = random_array::<T>(&mut rng, case.shape.q_dims(), 1.0);
-    if case.head_major {
-        (q, k, v, d_o) = (
-            head_major(q.view()),
-            head_major(k.view()),
-            head_major(v.view()),
-            head_major(d_o.view()),
-        );
-    }
-    let p = &case.params;
-    let (o, lse) = attention_cpu(q.view(), k.view(), v.view(), p).map_err(fail)?;
-    let ours = attention_backward_cpu(
-        q.view(),
-        k.view(),
-        v.view(),
-        o.view(),
-        d_o.view(),
-        lse.view(),
-        p,
-    )
-    .map_err(fail)?;
-    let naive =
-        attention_backward_naive(q.view(), k.view(), v.view(), d_o.view(), p).map_err(fail)?;
-    let wide = [&q, &k, &v, &d_o].map(|a| to_f64(a.view()));
-    let reference = attention_backward_reference(
-        wide[0].view(),
-        wide[1].view(),
-        wide[2].view(),
-        wide[3].view(),
-        p,
-    )
-    .map_err(fail)?;
-    let (o64, lse64) = (to_f64(o.view()), to_f64(lse.view()));
-    let given = attention_backward_reference_given(
-        wide[0].view(),
-        wide[1].view(),
-        wide[2].view(),
-        o64.view(),
-        wide[3].view(),
-        lse64.view(),
-        p,
-    )
-    .map_err(fail)?;
-    check_gradient_accuracy(
-        2.0,
-        [ours.0.view(), ours.1.view(), ours.2.view()],
-        [naive.0.view(), naive.1.view(), naive.2.view()],
-        [given.0.view(), given.1.view(), given.2.view()],
-        [reference.0.view(), reference.1.view(), reference.2.view()],
-    )
-}
 
 /// 32 cases, or `PROPTEST_CASES` for a longer soak.
 fn config() -> ProptestConfig {
@@ -100,9 +37,9 @@ proptest! {
     #[test]
     fn cpu_backward_matches_reference(case in cases(SEQ_LENS, HEADS, HEAD_DIMS, SCALES)) {
         let result = match case.dtype {
-            DType::F16 => check_case::<f16>(&case),
-            DType::BF16 => check_case::<bf16>(&case),
-            DType::F32 => check_case::<f32>(&case),
+            DType::F16 => cpu_backward_case::<f16>(&case),
+            DType::BF16 => cpu_backward_case::<bf16>(&case),
+            DType::F32 => cpu_backward_case::<f32>(&case),
             DType::I32 => unreachable!("the cases draw float dtypes only"),
         };
         result.map_err(TestCaseError::fail)?;

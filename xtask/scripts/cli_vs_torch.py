@@ -20,7 +20,9 @@ and ALiBi slopes (`alibi_slopes`, F32 [Hq] or [B, Hq], in the input file), each 
 half of those cases; the PyTorch side applies them the FlashAttention way (softcap on the
 scaled scores, then the bias −slope·|i + Nk − Nq − j|, the window bottom-right aligned).
 
-A quarter of the masked cases (outside varlen batches and key padding) is a block-sparse mask alone: the I32
+A fifth of the masked cases with Nq ≤ Nk (outside varlen batches and key padding) is a tree
+mask alone (`tree_parents` I32 [B or 1, Nq]: random parents; the last Nq keys are the drafts),
+and a quarter of the rest a block-sparse mask alone: the I32
 tensor `block_mask` [B or 1, Hq or 1, ceil(Nq/128), ceil(Nk/128)] at a random density (0
 included); PyTorch hides the keys of its zero blocks.
 
@@ -75,6 +77,13 @@ def attention(q, k, v, causal, scale, masks=None):
         hidden |= j < diag - left
     if right is not None:
         hidden |= j > diag + right
+    if masks.get("tree") is not None:
+        # [B or 1, T, T] ancestor sets over the last T keys; the prefix stays visible.
+        anc = masks["tree"].to(device=q.device).bool()
+        prefix = nk - nq
+        seen = torch.ones(anc.shape[0], 1, nq, nk, dtype=torch.bool, device=q.device)
+        seen[..., prefix:] = anc[:, None]
+        hidden = hidden | ~seen
     if masks.get("block") is not None:
         bm = masks["block"].to(device=q.device).bool()
         bm = bm.repeat_interleave(128, dim=-2).repeat_interleave(128, dim=-1)[..., :nq, :nk]
@@ -94,6 +103,20 @@ def draw_masks(rng, b, hq, share, lens=None):
     if rng.random() >= share:
         return {}, []
     masks, flags = {}, []
+    if lens is not None and lens[0] <= lens[1] and rng.random() < 0.2:
+        # A tree of Nq drafts after Nk − Nq prefix keys, from random parent arrays.
+        nb, t = rng.choice([1, b]), lens[0]
+        parents = [[-1 if i == 0 or rng.random() < 0.2 else rng.randrange(i) for i in range(t)] for _ in range(nb)]
+        anc = torch.zeros(nb, t, t, dtype=torch.int32)
+        for bi in range(nb):
+            for i in range(t):
+                node = i
+                while node >= 0:
+                    anc[bi, i, node] = 1
+                    node = parents[bi][node]
+        masks["tree"] = anc
+        masks["tree_parents"] = torch.tensor(parents, dtype=torch.int32)
+        return masks, flags
     if lens is not None and rng.random() < 0.25:
         nqb, nkb = -(-lens[0] // 128), -(-lens[1] // 128)
         dims = [rng.choice([1, b]), rng.choice([1, hq]), nqb, nkb]
@@ -282,6 +305,8 @@ def describe(masks):
         parts.append(f"alibi{list(masks['alibi'].shape)}")
     if "block" in masks:
         parts.append(f"block{list(masks['block'].shape)}@{masks['block'].float().mean().item():.2f}")
+    if "tree" in masks:
+        parts.append(f"tree{list(masks['tree'].shape)}")
     return ",".join(parts) or "none"
 
 
@@ -353,6 +378,8 @@ def main():
             files = dict(tensors)
             if "block" in masks:
                 files["block_mask"] = masks["block"]
+            if "tree_parents" in masks:
+                files["tree_parents"] = masks.pop("tree_parents")
             if seqs is not None and seqs[0] == "varlen":
                 files["cu_seqlens_q"] = torch.tensor(seqs[1], dtype=torch.int32)
                 files["cu_seqlens_k"] = torch.tensor(seqs[2], dtype=torch.int32)

@@ -17,7 +17,7 @@ use clap::{ArgAction, Parser};
 use flash_attn::shape::check_shapes;
 use flash_attn::{
     cpu, AttnParams, BlockMask, BwdMode, DType, DecodeOptions, Device, DeviceTensor, Element,
-    FlashError, HostVarlen, Varlen,
+    FlashError, HostVarlen, TreeMask, Varlen,
 };
 use flash_attn_cli::input::{
     read_npy, read_safetensors, FileElement, RawTensor, SafetensorsFile, FLOAT_DTYPES,
@@ -66,6 +66,13 @@ BLOCK-SPARSE (forward and --backward, safetensors input):
     block_mask (I32, [B or 1, Hq or 1, ceil(Nq/128), ceil(Nk/128)]): nonzero where query block
     i (queries 128·i ..) may see key block j; zero blocks are skipped. Combines with --causal
     and seqlens_k; not with --window, --softcap, alibi_slopes or a varlen batch.
+
+TREE MASKS (speculative decoding: forward, --decode; --backward on the CPU only):
+    tree_mask (I32, [B or 1, T, T]: nonzero where draft i sees draft t) or tree_parents (I32,
+    [B or 1, T]: each draft's parent, an earlier draft or -1 for one that continues the
+    prefix; a draft sees itself and its ancestors). The T queries are the drafts, the last T
+    keys the same drafts (appended with k_new/v_new in --decode), and every key before them
+    stays visible. Combines with --causal and GQA.
 
 BACKWARD (--backward):
     Also reads dO (`do`, or --do NAME) [B, Nq, Hq, d], Q's shape and dtype, from the
@@ -315,11 +322,13 @@ fn run(args: &Args) -> Result<(), CliError> {
         let seqs = read_seqs(args, [&mut q, &mut k, &mut v, &mut d_o])?;
         let alibi = read_alibi(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
         let blocks = read_block_mask(args)?;
+        let tree = read_tree(args)?;
         let params = attn_params(
             args,
             alibi.as_deref(),
             seqs.seqlens_k.as_deref(),
             blocks.as_ref(),
+            tree.as_ref(),
         );
         let raw = [&q, &k, &v, &d_o];
         let out = outputs.safetensors;
@@ -354,11 +363,13 @@ fn run(args: &Args) -> Result<(), CliError> {
     let seqs = read_seqs(args, [&mut q, &mut k, &mut v])?;
     let alibi = read_alibi(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
     let blocks = read_block_mask(args)?;
+    let tree = read_tree(args)?;
     let params = attn_params(
         args,
         alibi.as_deref(),
         seqs.seqlens_k.as_deref(),
         blocks.as_ref(),
+        tree.as_ref(),
     );
     match q.dtype {
         DType::F16 => run_typed::<f16>(args, &params, &seqs, [&q, &k, &v], outputs),
@@ -375,6 +386,7 @@ fn attn_params<'a>(
     alibi: Option<&'a [f32]>,
     seqlens_k: Option<&'a [i32]>,
     block_mask: Option<&'a BlockMask>,
+    tree: Option<&'a TreeMask>,
 ) -> AttnParams<'a> {
     AttnParams {
         causal: args.causal,
@@ -384,6 +396,53 @@ fn attn_params<'a>(
         alibi_slopes: alibi,
         seqlens_k,
         block_mask,
+        tree_mask: tree.map(TreeMask::as_ref),
+    }
+}
+
+/// The tree mask of the safetensors input: `tree_mask` (I32 `[B or 1, T, T]`, nonzero where
+/// draft `i` sees draft `t`) or `tree_parents` (I32 `[B or 1, T]`: each draft's parent, −1
+/// for one that continues the prefix), or `None`.
+fn read_tree(args: &Args) -> Result<Option<TreeMask>, CliError> {
+    let Some(path) = &args.input else {
+        return Ok(None);
+    };
+    let file = SafetensorsFile::read(path)?;
+    let int = |name| {
+        file.tensor(
+            name,
+            &[DType::I32],
+            "tree_mask and tree_parents must be I32",
+        )
+    };
+    let attention = |e: FlashError| CliError::Attention(e.to_string());
+    match (int("tree_mask")?, int("tree_parents")?) {
+        (Some(_), Some(_)) => Err(CliError::Attention(
+            "give tree_mask or tree_parents, not both".into(),
+        )),
+        (Some(t), None) => {
+            let dense = t.to_array_nd::<i32, ndarray::Ix3>("[B or 1, T, T]")?;
+            let (b, n, m) = dense.dim();
+            if n != m {
+                return Err(CliError::Attention(format!(
+                    "tree_mask is {:?}, expected [B or 1, T, T]",
+                    dense.shape()
+                )));
+            }
+            let values: Vec<i32> = dense.iter().copied().collect();
+            TreeMask::from_dense(b, n, &values)
+                .map(Some)
+                .map_err(attention)
+        }
+        (None, Some(t)) => {
+            let parents = t.to_array_nd::<i32, Ix2>("[B or 1, T]")?;
+            let (b, n) = parents.dim();
+            let values: Vec<i32> = parents.iter().copied().collect();
+            TreeMask::from_parents(b, n, &values)
+                .map(Some)
+                .map_err(attention)
+        }
+        (None, None) => Ok(None),
     }
 }
 
@@ -891,6 +950,12 @@ fn metadata<const N: usize>(
         ),
         ("varlen".to_string(), seqs.varlen.is_some().to_string()),
         (
+            "tree".to_string(),
+            params
+                .tree_mask
+                .map_or("none".into(), |t| format!("{:?}", t.dims())),
+        ),
+        (
             "block_mask".to_string(),
             params.block_mask.map_or("none".into(), |m| {
                 format!("{:?} density {:.4}", m.dims(), m.density())
@@ -1127,7 +1192,8 @@ fn decode_typed<T: FileElement>(
     };
     let (b, hq) = (dim(&raw.q.shape, 0), dim(&raw.q.shape, 2));
     let alibi = read_alibi(args, b, hq)?;
-    let params = attn_params(args, alibi.as_deref(), None, None);
+    let tree = read_tree(args)?;
+    let params = attn_params(args, alibi.as_deref(), None, None, tree.as_ref());
     let options = DecodeOptions {
         num_splits: args.num_splits,
     };

@@ -68,10 +68,27 @@ pub fn attn_with_kvcache_cpu<T: Element>(
         seqlens,
         block_table,
     } = cache;
-    let call = check_call(&q, &k.view(), &v.view(), seqlens, block_table, new_kv)?;
+    let min_keys = params.min_decode_keys(q.shape());
+    let call = check_call(
+        &q,
+        &k.view(),
+        &v.view(),
+        seqlens,
+        block_table,
+        new_kv,
+        min_keys,
+    )?;
     params.scale_log2(call.head_dim)?;
     let (batch, heads_q) = (q.dim().0, q.dim().2);
     params.check_masks(batch, heads_q)?;
+    if params.block_mask.is_some() {
+        return Err(crate::FlashError::Param(
+            "block-sparse masks are not supported on the decode path".into(),
+        ));
+    }
+    if let Some(t) = params.tree_mask {
+        t.check(batch, q.dim().1, usize::MAX)?;
+    }
     let [batch, seqlen_q, heads_q, head_dim] = q.dim().into();
     let mut o = alloc::array(
         Dim([batch, seqlen_q, heads_q, head_dim]),
@@ -228,6 +245,7 @@ fn check_call<T>(
     seqlens: &[i32],
     block_table: Option<ArrayView2<i32>>,
     new_kv: Option<(ArrayView4<T>, ArrayView4<T>)>,
+    min_keys: usize,
 ) -> Result<DecodeCall> {
     let shape = check_decode_shapes(
         q.dim().into(),
@@ -241,7 +259,7 @@ fn check_call<T>(
     let mut cached = alloc::with_capacity(shape.batch, "cache lengths")?;
     let mut max_keys = 0;
     let page = |b: usize, slot: usize| block_table.map_or(0, |t| t[[b, slot]]);
-    check_decode_lengths(&shape, seqlens, page, |_, keys| {
+    check_decode_lengths(&shape, seqlens, min_keys, page, |_, keys| {
         cached.push(keys - shape.appended);
         max_keys = max_keys.max(keys);
         Ok(())
@@ -363,6 +381,7 @@ mod tests {
         alibi_slopes: None,
         seqlens_k: None,
         block_mask: None,
+        tree_mask: None,
     };
 
     const CAUSAL: AttnParams<'static> = AttnParams {
@@ -373,6 +392,7 @@ mod tests {
         alibi_slopes: None,
         seqlens_k: None,
         block_mask: None,
+        tree_mask: None,
     };
 
     /// A paged copy of a contiguous cache `[B, cap, H, d]`: pages of `page_size` rows,

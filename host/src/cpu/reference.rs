@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::params::AttnParams;
 use crate::shape::AttnShape;
 use crate::sparse::{BlockMask, BLOCK};
+use crate::tree::TreeMaskRef;
 
 /// Naive float64 attention: `S = scale·Q·Kᵀ` materialised per (batch, head), masked, softmax
 /// per row, `O = P·V` over the visible keys. Returns O `[B, Nq, Hq, d]` and the natural-log
@@ -222,6 +223,8 @@ pub(crate) struct RefMask<'p, A> {
     lens: (usize, usize),
     /// The block mask and this head's `(batch, head)` in it, if any.
     blocks: Option<(&'p BlockMask, (usize, usize))>,
+    /// The tree mask and this head's batch entry, if any.
+    tree: Option<(TreeMaskRef<'p>, usize)>,
     /// The window `(left, right)` with causal folded in (see [`AttnParams::window_bounds`]).
     window: (u32, u32),
     /// The softcap, if any.
@@ -245,6 +248,7 @@ impl<'p, A: Real> RefMask<'p, A> {
         Ok(Self {
             lens: (shape.seqlen_q, shape.seqlen_k),
             blocks: params.block_mask.map(|m| (m, (b, h))),
+            tree: params.tree_mask.map(|t| (t, b)),
             window: params.window_bounds(),
             softcap: params.softcap.map(to_acc),
             slope: to_acc(params.slope(b, h, shape.heads_q)),
@@ -261,15 +265,22 @@ impl<'p, A: Real> RefMask<'p, A> {
         first as usize..end as usize
     }
 
-    /// Whether a block mask hides key `j` from row `i` (inside its [`RefMask::visible`] range).
+    /// Whether a block mask or a tree mask hides key `j` from row `i` (inside its
+    /// [`RefMask::visible`] range). The tree's drafts are the last `Nq` keys.
     pub(crate) fn hidden(&self, i: usize, j: usize) -> bool {
-        self.blocks
-            .is_some_and(|(m, (b, h))| !m.get(b, h, i / BLOCK, j / BLOCK))
+        let (nq, nk) = self.lens;
+        let block_hidden = self
+            .blocks
+            .is_some_and(|(m, (b, h))| !m.get(b, h, i / BLOCK, j / BLOCK));
+        let tree_hidden = self
+            .tree
+            .is_some_and(|(t, b)| j + nq >= nk && !t.get(b, i, j + nq - nk));
+        block_hidden || tree_hidden
     }
 
-    /// Whether [`RefMask::hidden`] can be true (a block mask is present).
+    /// Whether [`RefMask::hidden`] can be true (a block or tree mask is present).
     pub(crate) fn has_holes(&self) -> bool {
-        self.blocks.is_some()
+        self.blocks.is_some() || self.tree.is_some()
     }
 
     /// Replaces raw scores `s` (rows × keys, rounded by `round`) by logits:

@@ -40,6 +40,7 @@ const PLAIN: AttnParams<'static> = AttnParams {
     alibi_slopes: None,
     seqlens_k: None,
     block_mask: None,
+    tree_mask: None,
 };
 
 const CAUSAL: AttnParams<'static> = AttnParams {
@@ -50,6 +51,7 @@ const CAUSAL: AttnParams<'static> = AttnParams {
     alibi_slopes: None,
     seqlens_k: None,
     block_mask: None,
+    tree_mask: None,
 };
 
 /// Whether query row `i` is NaN in every O element and in LSE.

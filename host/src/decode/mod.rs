@@ -131,7 +131,15 @@ pub fn attn_with_kvcache_into<T: Element>(
     let CacheCall {
         shape: call,
         max_keys,
-    } = check_cache(dev, q, &cache, new_kv, o, lse)?;
+    } = check_cache(
+        dev,
+        q,
+        &cache,
+        new_kv,
+        o,
+        lse,
+        params.min_decode_keys(q.shape()),
+    )?;
     let scale_log2 = params.kernel_scale_log2(call.head_dim)?;
     let kernel = decode_kernel::<T>(call.head_dim, params.mask_kind())?;
     let splits = pick_splits(dev, &call, max_keys, kernel, options)?;

@@ -33,6 +33,7 @@ pub(super) fn check_cache<T: Element>(
     new_kv: Option<NewKv<'_, T>>,
     o: &DeviceTensor<T>,
     lse: &DeviceTensor<f32>,
+    min_keys: usize,
 ) -> Result<CacheCall> {
     let table_dims = match cache.block_table {
         Some(t) => Some(dims::<2>(t.shape(), "block_table")?),
@@ -167,6 +168,7 @@ pub(super) fn check_cache<T: Element>(
     check_decode_lengths(
         &shape,
         &lens,
+        min_keys,
         |b, slot| table[b * max_pages + slot],
         |_, keys| {
             max_keys = max_keys.max(keys);

@@ -154,9 +154,9 @@ pub(crate) fn varlen_shape<'a, T: Element>(
             "seqlens_k (key padding of a padded batch) cannot be combined with a varlen batch: cu_seqlens_k gives every sequence's keys".into(),
         ));
     }
-    if params.block_mask.is_some() {
+    if params.block_mask.is_some() || params.tree_mask.is_some() {
         return Err(FlashError::Param(
-            "a block mask cannot be combined with a varlen batch".into(),
+            "a block mask or a tree mask cannot be combined with a varlen batch".into(),
         ));
     }
     let lens = varlen.lens(dev, packed.seqlen_q, packed.seqlen_k)?;

@@ -107,14 +107,15 @@ pub struct MaskArgs {
     pub scale: f32,
     /// `FLAG_*` bits.
     pub flags: u32,
-    /// Device address of the u32 words of a block-sparse mask
-    /// ([`crate::mask::SparseMask`]), or 0 for none.
-    pub block_mask: u64,
-    /// Words between two batch entries' block rows (0: one mask for every entry).
-    pub block_batch_stride: u32,
-    /// Words between two heads' block rows (0: one mask for every head). A head's rows are
-    /// `⌈seqlen_q / 128⌉` rows of [`crate::mask::sparse_row_words`] words each.
-    pub block_head_stride: u32,
+    /// Device address of the u32 words of a bit mask: a block-sparse mask's block rows
+    /// ([`crate::mask::SparseMask`]) or a tree mask's rows ([`crate::mask::TreeMask`]), or
+    /// 0 for none.
+    pub mask_bits: u64,
+    /// Words between two batch entries' rows (0: one mask for every entry).
+    pub bits_batch_stride: u32,
+    /// Words between two heads' rows (0: one mask for every head). A block-sparse head's rows
+    /// are `⌈seqlen_q / 128⌉` rows of [`crate::mask::sparse_row_words`] words each.
+    pub bits_head_stride: u32,
     /// Keeps the size a multiple of 8 bytes.
     pub reserved: [u32; 2],
 }
@@ -142,9 +143,9 @@ impl Default for MaskArgs {
             softcap: 0.0,
             scale: 1.0,
             flags: 0,
-            block_mask: 0,
-            block_batch_stride: 0,
-            block_head_stride: 0,
+            mask_bits: 0,
+            bits_batch_stride: 0,
+            bits_head_stride: 0,
             reserved: [0; 2],
         }
     }
