@@ -2,7 +2,7 @@
 //! batches ([`Varlen`], FlashAttention's `cu_seqlens` layout) and key padding of a padded
 //! batch ([`AttnParams::seqlens_k`]). Validation of the lengths, the sequences' row spans
 //! ([`SeqSpan`]: what the CPU backend and the references run sequence by sequence), and the
-//! GPU launches they take ([`SeqRun`]: one per run of consecutive sequences of equal lengths).
+//! GPU launches they take (`SeqRun`: one per run of consecutive sequences of equal lengths).
 
 use std::borrow::Cow;
 use std::ops::Range;

@@ -1,5 +1,5 @@
 //! Calls whose sequences differ in length, on the CPU: packed variable-length batches
-//! ([`varlen_forward`], [`varlen_backward`]) and key padding of a padded batch
+//! ([`attention_varlen_cpu`], [`attention_varlen_backward_cpu`]) and key padding of a padded batch
 //! ([`AttnParams::seqlens_k`]). Both run any padded-batch routine (the tiled backend, the
 //! references) once per sequence ([`SeqSpan`]) on views of its rows, with the sequence's own
 //! options ([`AttnParams::for_entry`]), and stitch the outputs: the masks then align to each
@@ -97,7 +97,7 @@ pub fn backward_spans<A: Clone>(
 /// [`crate::Varlen`]): Q `[total_q, Hq, d]`, K and V `[total_k, Hkv, d]`, host prefix sums
 /// `[B + 1]`, checked with the options ([`varlen_spans`]'s errors). Run any padded-batch
 /// routine per sequence with [`forward_spans`] / [`backward_spans`] on the tensors viewed as
-/// `[1, total, H, d]` ([`packed`]), as [`varlen_forward`] does.
+/// `[1, total, H, d]` ([`packed`]), as [`attention_varlen_cpu`] does.
 pub fn varlen_spans<A>(
     [q, k, v]: [&ArrayView3<A>; 3],
     (cu_seqlens_q, cu_seqlens_k): (&[i32], &[i32]),

@@ -74,9 +74,9 @@ pub fn flash_attn_into<T: Element>(
 /// Forward attention over a packed batch of variable-length sequences ([`Varlen`]): Q
 /// `[total_q, Hq, d]`, K and V `[total_k, Hkv, d]`; returns O `[total_q, Hq, d]` and LSE
 /// `[Hq, total_q]` (f32, natural log). Every option of [`AttnParams`] applies per sequence
-/// except `seqlens_k` (an error here); per-(batch, head) ALiBi slopes are `[B, Hq]`. Query
-/// tiles past a sequence's end are not computed. Allocates the outputs; see
-/// [`flash_attn_varlen_into`].
+/// except `seqlens_k`, `block_mask` and `tree_mask` (errors here); per-(batch, head) ALiBi
+/// slopes are `[B, Hq]`. Query tiles past a sequence's end are not computed. Allocates the
+/// outputs; see [`flash_attn_varlen_into`].
 pub fn flash_attn_varlen<T: Element>(
     dev: &Device,
     q: &DeviceTensor<T>,
