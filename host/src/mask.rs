@@ -30,7 +30,7 @@ impl DeviceMask {
     /// block mask is checked against them) and prepares their arguments on `dev`.
     pub(crate) fn new(dev: &Device, params: &AttnParams, shape: &AttnShape) -> Result<Self> {
         params.check_masks(shape.batch, shape.heads_q)?;
-        params.check_block_mask(shape)?;
+        params.check_bit_masks(shape)?;
         let slopes = match params.alibi_slopes {
             Some(s) => Some(DeviceTensor::from_host(dev, &[s.len()], s)?),
             None => None,
@@ -124,7 +124,7 @@ impl<'a> AttnParams<'a> {
     }
 
     /// Checks the block mask and the tree mask, if any, against a call of `shape`.
-    pub fn check_block_mask(&self, shape: &AttnShape) -> Result<()> {
+    pub fn check_bit_masks(&self, shape: &AttnShape) -> Result<()> {
         if let Some(m) = self.block_mask {
             m.check(shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k)?;
         }
@@ -247,7 +247,7 @@ pub(crate) fn cpu_mask<M: AttnMask>(
     shape: &AttnShape,
     (batch, head): (usize, usize),
 ) -> Result<M> {
-    params.check_block_mask(shape)?;
+    params.check_bit_masks(shape)?;
     let words = params.mask_words().map_or(0, |w| w.as_ptr() as u64);
     let args = params.mask_args(shape.head_dim, shape.heads_q, 0, words)?;
     let block = BlockInfo {

@@ -58,6 +58,21 @@ pub struct AttnParams<'a> {
     pub tree_mask: Option<crate::tree::TreeMaskRef<'a>>,
 }
 
+impl AttnParams<'static> {
+    /// No options (what `Default` gives), usable in `const` items: `AttnParams { causal:
+    /// true, ..AttnParams::DEFAULT }`.
+    pub const DEFAULT: AttnParams<'static> = AttnParams {
+        causal: false,
+        softmax_scale: None,
+        window: None,
+        softcap: None,
+        alibi_slopes: None,
+        seqlens_k: None,
+        block_mask: None,
+        tree_mask: None,
+    };
+}
+
 impl AttnParams<'_> {
     /// The scale to use for a head dim: `softmax_scale`, or `1/√head_dim` by default. Errors
     /// ([`FlashError::Param`]) when it is not finite or when `scale·log2 e` overflows f32
@@ -96,6 +111,11 @@ impl AttnParams<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_const_default_is_default() {
+        assert_eq!(AttnParams::DEFAULT, AttnParams::default());
+    }
 
     #[test]
     fn default_scale_is_inverse_sqrt_head_dim() {

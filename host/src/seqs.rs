@@ -154,6 +154,23 @@ pub struct SeqSpan {
 }
 
 impl AttnParams<'_> {
+    /// Checks that these options suit a varlen batch (every backend): no key lengths (its
+    /// `cu_seqlens_k` give every sequence's keys), no block or tree mask. Errors:
+    /// [`FlashError::Param`].
+    pub fn check_varlen_options(&self) -> Result<()> {
+        if self.seqlens_k.is_some() {
+            return Err(FlashError::Param(
+                "seqlens_k (key padding of a padded batch) cannot be combined with a varlen batch: cu_seqlens_k gives every sequence's keys".into(),
+            ));
+        }
+        if self.block_mask.is_some() || self.tree_mask.is_some() {
+            return Err(FlashError::Param(
+                "a block mask or a tree mask cannot be combined with a varlen batch".into(),
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks the key lengths of a padded batch of `batch` entries of `seqlen_k` keys: one
     /// per entry, each in `0 ..= seqlen_k`. Errors: [`FlashError::Shape`].
     pub fn check_key_lengths(&self, batch: usize, seqlen_k: usize) -> Result<()> {

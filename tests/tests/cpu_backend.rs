@@ -225,16 +225,7 @@ fn assert_rejected(
 
 const QKV: [usize; 4] = [2, 5, 4, 8];
 const KV: [usize; 4] = [2, 7, 2, 8];
-const OK: AttnParams<'static> = AttnParams {
-    causal: false,
-    softmax_scale: None,
-    window: None,
-    softcap: None,
-    alibi_slopes: None,
-    seqlens_k: None,
-    block_mask: None,
-    tree_mask: None,
-};
+const OK: AttnParams<'static> = AttnParams::DEFAULT;
 
 fn is_shape(e: &FlashError) -> bool {
     matches!(e, FlashError::Shape(_))

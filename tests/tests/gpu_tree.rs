@@ -13,7 +13,9 @@ use flash_attn::{
     attn_with_kvcache_into, flash_attn_into, AttnParams, DecodeOptions, Device, DeviceTensor,
     Element, FlashError, KvCache, NewKv,
 };
-use flash_attn_tests::gpu::{device as gpu_device, gpu_cases, upload, Layout};
+use flash_attn_tests::gpu::{
+    device as gpu_device, download3, download4, gpu_cases, upload, Layout,
+};
 use flash_attn_tests::{check_accuracy, random_array, random_tree, to_f64};
 use half::{bf16, f16};
 use ndarray::{s, Array2, Array3, Array4, Axis};
@@ -114,6 +116,21 @@ fn references<T: Element>(
     Ok((r, n))
 }
 
+/// Our O and LSE (downloaded) under the accuracy rule against `references`.
+fn check_outputs<T: Element>(
+    dev: &Device,
+    o: &DeviceTensor<T>,
+    lse: &DeviceTensor<f32>,
+    (r, n): References<T>,
+) -> Result<(), String> {
+    let (o, lse) = (download4(dev, o), download3(dev, lse));
+    check_accuracy(
+        (o.view(), lse.view()),
+        (n.0.view(), n.1.view()),
+        (r.0.view(), r.1.view()),
+    )
+}
+
 /// The forward over a padded batch whose entries all have the longest prefix.
 fn run_forward<T: Element>(dev: &Device, c: &TreeCase) -> Result<(), String> {
     let err = |e: FlashError| format!("{c:?}: {e}");
@@ -148,23 +165,8 @@ fn run_forward<T: Element>(dev: &Device, c: &TreeCase) -> Result<(), String> {
             (cut(&k), cut(&v))
         })
         .collect();
-    let (r, n) = references(&q, &seqs, &params, shape.heads_q).map_err(err)?;
-    let o = o
-        .to_ndarray(dev)
-        .map_err(err)?
-        .into_dimensionality()
-        .unwrap();
-    let lse: Array3<f32> = lse
-        .to_ndarray(dev)
-        .map_err(err)?
-        .into_dimensionality()
-        .unwrap();
-    check_accuracy(
-        (o.view(), lse.view()),
-        (n.0.view(), n.1.view()),
-        (r.0.view(), r.1.view()),
-    )
-    .map_err(|e| format!("{c:?} forward: {e}"))
+    let refs = references(&q, &seqs, &params, shape.heads_q).map_err(err)?;
+    check_outputs(dev, &o, &lse, refs).map_err(|e| format!("{c:?} forward: {e}"))
 }
 
 /// `attn_with_kvcache`: each sequence's prefix cached, the drafts appended by the call.
@@ -252,23 +254,8 @@ fn run_decode<T: Element>(dev: &Device, c: &TreeCase) -> Result<(), String> {
             gather_sequence(k_after.view(), v_after.view(), tv, bi, c.prefix[bi] + t)
         })
         .collect();
-    let (r, n) = references(&q, &seqs, &params, hq).map_err(err)?;
-    let o = o
-        .to_ndarray(dev)
-        .map_err(err)?
-        .into_dimensionality()
-        .unwrap();
-    let lse: Array3<f32> = lse
-        .to_ndarray(dev)
-        .map_err(err)?
-        .into_dimensionality()
-        .unwrap();
-    check_accuracy(
-        (o.view(), lse.view()),
-        (n.0.view(), n.1.view()),
-        (r.0.view(), r.1.view()),
-    )
-    .map_err(|e| format!("{c:?} decode: {e}"))
+    let refs = references(&q, &seqs, &params, hq).map_err(err)?;
+    check_outputs(dev, &o, &lse, refs).map_err(|e| format!("{c:?} decode: {e}"))
 }
 
 proptest! {

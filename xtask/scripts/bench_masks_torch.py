@@ -17,7 +17,6 @@ after warm-up). A backend that fails records null and its error.
 Usage: bench_masks_torch.py ours.json merged.json [--reps N]
 """
 import json
-import statistics
 import sys
 
 import torch
@@ -31,20 +30,7 @@ torch._dynamo.config.recompile_limit = 256
 torch._dynamo.config.cache_size_limit = 256
 flex = torch.compile(flex_attention, dynamic=False)
 
-
-def time_ms(fn, reps):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+from bench_torch import time_ms  # noqa: E402  (same folder; the same timing as the SDPA rows)
 
 
 def block_hash(i, j):
@@ -96,6 +82,16 @@ def timed(op, fn, grad, reps, *inputs):
     return time_ms(step, min(reps, 10))
 
 
+def time_flash(row, op, qkv, grad, reps):
+    """SDPA's flash backend, causal, into `torch_flash_ms` (null and the error if it fails)."""
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            f = lambda: F.scaled_dot_product_attention(*qkv, is_causal=True)
+            row["torch_flash_ms"] = timed(op, f, grad, reps, *qkv)
+    except Exception as e:
+        row["torch_flash_ms"], row["torch_flash_error"] = None, str(e).splitlines()[0][:200]
+
+
 def main():
     src, dst = sys.argv[1], sys.argv[2]
     reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 20
@@ -110,12 +106,7 @@ def main():
             b, m = len(lens), max(lens)
             q, k, v = (rand(gen, b, m, h, d, grad=grad_on) for _ in range(3))
             g = rand(gen, b, m, h, d) if grad_on else None
-            try:
-                with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                    f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                    row["torch_flash_ms"] = timed(op, f, g, reps, q, k, v)
-            except Exception as e:
-                row["torch_flash_ms"], row["torch_flash_error"] = None, str(e).splitlines()[0][:200]
+            time_flash(row, op, (q, k, v), g, reps)
             row["padded_tokens"] = b * m
             row["ratio_vs_flash"] = row["ours_ms"] / row["torch_flash_ms"] if row.get("torch_flash_ms") else None
         else:
@@ -129,12 +120,7 @@ def main():
             except Exception as e:
                 row["torch_flex_ms"], row["torch_flex_error"] = None, str(e).splitlines()[0][:200]
             if row["mask"] == "causal":
-                try:
-                    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-                        f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                        row["torch_flash_ms"] = timed(op, f, g, reps, q, k, v)
-                except Exception as e:
-                    row["torch_flash_ms"], row["torch_flash_error"] = None, str(e).splitlines()[0][:200]
+                time_flash(row, op, (q, k, v), g, reps)
             flex_ms = row.get("torch_flex_ms")
             row["ratio_vs_flex"] = row["ours_ms"] / flex_ms if flex_ms else None
             if row["mask"].startswith("block_") and (op, n) in dense:

@@ -320,16 +320,8 @@ fn run(args: &Args) -> Result<(), CliError> {
         let [mut q, mut k, mut v, mut d_o] = read_safetensors(path, &names)?;
         check_dtypes(&q, [&k, &v, &d_o])?;
         let seqs = read_seqs(args, [&mut q, &mut k, &mut v, &mut d_o])?;
-        let alibi = read_alibi(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
-        let blocks = read_block_mask(args)?;
-        let tree = read_tree(args)?;
-        let params = attn_params(
-            args,
-            alibi.as_deref(),
-            seqs.seqlens_k.as_deref(),
-            blocks.as_ref(),
-            tree.as_ref(),
-        );
+        let masks = MaskInputs::read(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
+        let params = masks.params(args, seqs.seqlens_k.as_deref());
         let raw = [&q, &k, &v, &d_o];
         let out = outputs.safetensors;
         return match q.dtype {
@@ -361,16 +353,8 @@ fn run(args: &Args) -> Result<(), CliError> {
     };
     check_dtypes(&q, [&k, &v])?;
     let seqs = read_seqs(args, [&mut q, &mut k, &mut v])?;
-    let alibi = read_alibi(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
-    let blocks = read_block_mask(args)?;
-    let tree = read_tree(args)?;
-    let params = attn_params(
-        args,
-        alibi.as_deref(),
-        seqs.seqlens_k.as_deref(),
-        blocks.as_ref(),
-        tree.as_ref(),
-    );
+    let masks = MaskInputs::read(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
+    let params = masks.params(args, seqs.seqlens_k.as_deref());
     match q.dtype {
         DType::F16 => run_typed::<f16>(args, &params, &seqs, [&q, &k, &v], outputs),
         DType::BF16 => run_typed::<bf16>(args, &params, &seqs, [&q, &k, &v], outputs),
@@ -379,24 +363,36 @@ fn run(args: &Args) -> Result<(), CliError> {
     }
 }
 
-/// The options of the call, with `alibi` the slopes from [`read_alibi`], `seqlens_k` the key
-/// lengths from [`read_seqs`] and `block_mask` from [`read_block_mask`].
-fn attn_params<'a>(
-    args: &Args,
-    alibi: Option<&'a [f32]>,
-    seqlens_k: Option<&'a [i32]>,
-    block_mask: Option<&'a BlockMask>,
-    tree: Option<&'a TreeMask>,
-) -> AttnParams<'a> {
-    AttnParams {
-        causal: args.causal,
-        softmax_scale: args.scale,
-        window: args.window,
-        softcap: args.softcap,
-        alibi_slopes: alibi,
-        seqlens_k,
-        block_mask,
-        tree_mask: tree.map(TreeMask::as_ref),
+/// The masks the safetensors input may hold beside the flags: ALiBi slopes, a block mask and
+/// a tree mask (each `None` when absent, or with .npy input).
+struct MaskInputs {
+    alibi: Option<Vec<f32>>,
+    blocks: Option<BlockMask>,
+    tree: Option<TreeMask>,
+}
+
+impl MaskInputs {
+    /// Reads them for a call of `batch` sequences and `heads_q` query heads.
+    fn read(args: &Args, batch: usize, heads_q: usize) -> Result<Self, CliError> {
+        Ok(Self {
+            alibi: read_alibi(args, batch, heads_q)?,
+            blocks: read_block_mask(args)?,
+            tree: read_tree(args)?,
+        })
+    }
+
+    /// The options of the call: the flags, these masks and `seqlens_k` (from [`read_seqs`]).
+    fn params<'a>(&'a self, args: &Args, seqlens_k: Option<&'a [i32]>) -> AttnParams<'a> {
+        AttnParams {
+            causal: args.causal,
+            softmax_scale: args.scale,
+            window: args.window,
+            softcap: args.softcap,
+            alibi_slopes: self.alibi.as_deref(),
+            seqlens_k,
+            block_mask: self.blocks.as_ref(),
+            tree_mask: self.tree.as_ref().map(TreeMask::as_ref),
+        }
     }
 }
 
@@ -1191,9 +1187,12 @@ fn decode_typed<T: FileElement>(
         new_kv,
     };
     let (b, hq) = (dim(&raw.q.shape, 0), dim(&raw.q.shape, 2));
-    let alibi = read_alibi(args, b, hq)?;
-    let tree = read_tree(args)?;
-    let params = attn_params(args, alibi.as_deref(), None, None, tree.as_ref());
+    // The decode path reads no block mask (it has no block-sparse kernels).
+    let masks = MaskInputs {
+        blocks: None,
+        ..MaskInputs::read(args, b, hq)?
+    };
+    let params = masks.params(args, None);
     let options = DecodeOptions {
         num_splits: args.num_splits,
     };

@@ -373,26 +373,12 @@ mod tests {
         })
     }
 
-    const PLAIN: AttnParams<'static> = AttnParams {
-        causal: false,
-        softmax_scale: None,
-        window: None,
-        softcap: None,
-        alibi_slopes: None,
-        seqlens_k: None,
-        block_mask: None,
-        tree_mask: None,
-    };
+    const PLAIN: AttnParams<'static> = AttnParams::DEFAULT;
 
     const CAUSAL: AttnParams<'static> = AttnParams {
         causal: true,
         softmax_scale: Some(0.4),
-        window: None,
-        softcap: None,
-        alibi_slopes: None,
-        seqlens_k: None,
-        block_mask: None,
-        tree_mask: None,
+        ..AttnParams::DEFAULT
     };
 
     /// A paged copy of a contiguous cache `[B, cap, H, d]`: pages of `page_size` rows,

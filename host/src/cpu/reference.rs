@@ -244,7 +244,7 @@ impl<'p, A: Real> RefMask<'p, A> {
         to_acc: fn(f32) -> A,
     ) -> Result<Self> {
         params.check_masks(shape.batch, shape.heads_q)?;
-        params.check_block_mask(shape)?;
+        params.check_bit_masks(shape)?;
         Ok(Self {
             lens: (shape.seqlen_q, shape.seqlen_k),
             blocks: params.block_mask.map(|m| (m, (b, h))),

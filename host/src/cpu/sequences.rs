@@ -105,16 +105,7 @@ pub fn varlen_spans<A>(
 ) -> Result<Vec<SeqSpan>> {
     let one = |t: &ArrayView3<A>| [1, t.dim().0, t.dim().1, t.dim().2];
     let shape = check_shapes(&one(q), &one(k), &one(v))?;
-    if params.seqlens_k.is_some() {
-        return Err(FlashError::Param(
-            "seqlens_k (key padding of a padded batch) cannot be combined with a varlen batch: cu_seqlens_k gives every sequence's keys".into(),
-        ));
-    }
-    if params.block_mask.is_some() || params.tree_mask.is_some() {
-        return Err(FlashError::Param(
-            "a block mask or a tree mask cannot be combined with a varlen batch".into(),
-        ));
-    }
+    params.check_varlen_options()?;
     let lens = VarlenLens::check(
         Cow::Borrowed(cu_seqlens_q),
         Cow::Borrowed(cu_seqlens_k),

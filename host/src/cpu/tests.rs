@@ -32,26 +32,11 @@ fn all_three(
     [wide(tiled), wide(naive), reference.unwrap()]
 }
 
-const PLAIN: AttnParams<'static> = AttnParams {
-    causal: false,
-    softmax_scale: None,
-    window: None,
-    softcap: None,
-    alibi_slopes: None,
-    seqlens_k: None,
-    block_mask: None,
-    tree_mask: None,
-};
+const PLAIN: AttnParams<'static> = AttnParams::DEFAULT;
 
 const CAUSAL: AttnParams<'static> = AttnParams {
     causal: true,
-    softmax_scale: None,
-    window: None,
-    softcap: None,
-    alibi_slopes: None,
-    seqlens_k: None,
-    block_mask: None,
-    tree_mask: None,
+    ..AttnParams::DEFAULT
 };
 
 /// Whether query row `i` is NaN in every O element and in LSE.

@@ -217,7 +217,8 @@ pub fn attn_with_kvcache_into<T: Element>(
 
 /// Forward attention through the decode kernels, for [`crate::flash_attn`] when there are
 /// few queries and many keys: contiguous K/V, every sequence `seqlen_k` long. Returns
-/// `false` (nothing launched) when the split-KV path would not split.
+/// `false` (nothing launched) when the split-KV path would not split, or when `params`
+/// carry key lengths or a block mask (which only the forward kernels take).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn forward_via_decode<T: Element>(
     dev: &Device,
@@ -229,7 +230,9 @@ pub(crate) fn forward_via_decode<T: Element>(
     o: &mut DeviceTensor<T>,
     lse: &mut DeviceTensor<f32>,
 ) -> Result<bool> {
-    if shape.seqlen_q > FORWARD_DECODE_MAX_Q {
+    // Key padding and block masks have no decode route (the padded launches take them).
+    let options_fit = params.seqlens_k.is_none() && params.block_mask.is_none();
+    if shape.seqlen_q > FORWARD_DECODE_MAX_Q || !options_fit {
         return Ok(false);
     }
     let kernel = decode_kernel::<T>(shape.head_dim, params.mask_kind())?;

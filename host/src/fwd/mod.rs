@@ -62,10 +62,7 @@ pub fn flash_attn_into<T: Element>(
     let call = ForwardCall::checked(dev, &shape, [q, k, v], o, lse, params)?;
     // Few queries over many keys: the split-KV decode kernels fill the GPU where one block
     // per query tile would leave it idle.
-    if params.seqlens_k.is_none()
-        && params.block_mask.is_none()
-        && crate::decode::forward_via_decode(dev, q, k, v, &shape, params, o, lse)?
-    {
+    if crate::decode::forward_via_decode(dev, q, k, v, &shape, params, o, lse)? {
         return Ok(());
     }
     call.launch(dev, [q, k, v], o, lse, params, &runs)
@@ -163,7 +160,7 @@ impl ForwardCall {
         let kernel = fwd_kernel(dev.arch(), T::DTYPE, d, params.mask_kind())?;
         let scale_log2 = params.kernel_scale_log2(d)?;
         params.check_masks(shape.batch, shape.heads_q)?;
-        params.check_block_mask(shape)?;
+        params.check_bit_masks(shape)?;
         check_placement(dev, shape, qkv, o, lse)?;
         Ok(Self {
             shape: *shape,

@@ -149,16 +149,7 @@ pub(crate) fn varlen_shape<'a, T: Element>(
     if packed.head_dim > 256 {
         return Err(FlashError::HeadDim(packed.head_dim));
     }
-    if params.seqlens_k.is_some() {
-        return Err(FlashError::Param(
-            "seqlens_k (key padding of a padded batch) cannot be combined with a varlen batch: cu_seqlens_k gives every sequence's keys".into(),
-        ));
-    }
-    if params.block_mask.is_some() || params.tree_mask.is_some() {
-        return Err(FlashError::Param(
-            "a block mask or a tree mask cannot be combined with a varlen batch".into(),
-        ));
-    }
+    params.check_varlen_options()?;
     let lens = varlen.lens(dev, packed.seqlen_q, packed.seqlen_k)?;
     let shape = AttnShape {
         batch: lens.batch(),
