@@ -213,18 +213,14 @@ fn run_backward<T: Element>(
     [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
 ) -> Result<()> {
     let d = shape.head_dim;
-    if params.tree_mask.is_some() {
-        return Err(FlashError::Param(
-            "the GPU backward takes no tree mask (tree masks serve the forward and decoding; the CPU backward takes them)".into(),
-        ));
-    }
     let kernel = registry::bwd_kernel(d, params.mask_kind()).ok_or(FlashError::HeadDim(d))?;
     let dtype = match T::DTYPE {
         DType::BF16 => KernelDType::Bf16,
         _ => KernelDType::F16,
     };
     let tile = kernel.tile(dev.arch());
-    let (scale, scale_log2) = (params.kernel_grad_scale(d)?, params.kernel_scale_log2(d)?);
+    let (scale_log2, scale) =
+        params.kernel_scales(d, params.mask_kind() == registry::MaskKind::Masked)?;
     params.check_masks(shape.batch, shape.heads_q)?;
     let inputs: [(&str, &DeviceTensor<T>); 5] =
         [("Q", q), ("K", k), ("V", v), ("O", o), ("dO", d_o)];

@@ -5,7 +5,7 @@
 
 use flash_attn_kernels::block::BlockInfo;
 use flash_attn_kernels::mask::{AttnMask, UNBOUNDED};
-use flash_attn_kernels::params::{MaskArgs, FLAG_CAUSAL};
+use flash_attn_kernels::params::{MaskArgs, FLAG_CAUSAL, FLAG_MODIFIES_SCORES};
 use flash_attn_kernels::registry::MaskKind;
 
 use crate::device::Device;
@@ -153,8 +153,8 @@ impl<'a> AttnParams<'a> {
     }
 
     /// The kernel kind the options need: [`MaskKind::Sparse`] with a block mask,
-    /// [`MaskKind::Masked`] with a window, a softcap or ALiBi, else [`MaskKind::Causal`] (the
-    /// plain kernels, causal or not).
+    /// [`MaskKind::Tree`] with a tree mask, [`MaskKind::Masked`] with a window, a softcap or
+    /// ALiBi, else [`MaskKind::Causal`] (the plain kernels, causal or not).
     pub fn mask_kind(&self) -> MaskKind {
         if self.block_mask.is_some() {
             MaskKind::Sparse
@@ -205,7 +205,12 @@ impl<'a> AttnParams<'a> {
             window_right,
             softcap: self.softcap.unwrap_or(0.0),
             scale: self.scale(head_dim)?,
-            flags: if self.causal { FLAG_CAUSAL } else { 0 },
+            flags: if self.causal { FLAG_CAUSAL } else { 0 }
+                | if self.modifies_scores() {
+                    FLAG_MODIFIES_SCORES
+                } else {
+                    0
+                },
             mask_bits: blocks,
             bits_batch_stride: match (self.block_mask, self.tree_mask) {
                 (Some(m), _) => m.batch_stride() as u32,
@@ -213,27 +218,44 @@ impl<'a> AttnParams<'a> {
                 (None, None) => 0,
             },
             bits_head_stride: self.block_mask.map_or(0, |m| m.head_stride() as u32),
-            reserved: [0; 2],
+            cols_batch_stride: self.block_mask.map_or(0, |m| m.col_batch_stride() as u32),
+            cols_head_stride: self.block_mask.map_or(0, |m| m.col_head_stride() as u32),
+            mask_cols: match self.block_mask {
+                Some(m) if blocks != 0 => blocks + 4 * m.cols_offset() as u64,
+                _ => 0,
+            },
         })
     }
 
-    /// The base-2 scale of the kernels' softmax: `scale·log2 e`, or `log2 e` for
-    /// [`MaskKind::Masked`] (whose scores carry the scale already).
+    /// Whether a softcap or ALiBi modifies the scores (then the mask applies the softmax
+    /// scale; a window alone leaves the scores alone).
+    pub(crate) fn modifies_scores(&self) -> bool {
+        self.softcap.is_some() || self.alibi_slopes.is_some()
+    }
+
+    /// The base-2 scale of the softmax of the forward and decode kernels (and of the CPU
+    /// backend): `scale·log2 e`, or `log2 e` when a softcap or ALiBi modifies the scores
+    /// (they carry the scale already).
     pub(crate) fn kernel_scale_log2(&self, head_dim: usize) -> Result<f32> {
-        let scale_log2 = self.scale_log2(head_dim)?;
-        Ok(match self.mask_kind() {
-            MaskKind::Causal | MaskKind::Sparse | MaskKind::Tree => scale_log2,
-            MaskKind::Masked => std::f32::consts::LOG2_E,
-        })
+        Ok(self.kernel_scales(head_dim, self.modifies_scores())?.0)
     }
 
-    /// The factor of dS into dQ and dK in the backward kernels: the softmax scale, or 1 for
-    /// [`MaskKind::Masked`] (the derivative of its scores carries the scale).
+    /// The factor of dS into dQ and dK of the CPU backward: the softmax scale, or 1 when a
+    /// softcap or ALiBi modifies the scores (the derivative of the scores carries the scale).
     pub(crate) fn kernel_grad_scale(&self, head_dim: usize) -> Result<f32> {
-        let scale = self.scale(head_dim)?;
-        Ok(match self.mask_kind() {
-            MaskKind::Causal | MaskKind::Sparse | MaskKind::Tree => scale,
-            MaskKind::Masked => 1.0,
+        Ok(self.kernel_scales(head_dim, self.modifies_scores())?.1)
+    }
+
+    /// `(scale_log2, grad_scale)` for kernels whose scores carry the softmax scale
+    /// (`scores_scaled`: `(log2 e, 1)`) or not (`(scale·log2 e, scale)`). The GPU backward's
+    /// [`MaskKind::Masked`] kernels always apply the score modifier, a window alone included
+    /// (a branch around it costs them spills), so they take `scores_scaled` = true.
+    pub(crate) fn kernel_scales(&self, head_dim: usize, scores_scaled: bool) -> Result<(f32, f32)> {
+        let (scale, scale_log2) = (self.scale(head_dim)?, self.scale_log2(head_dim)?);
+        Ok(if scores_scaled {
+            (std::f32::consts::LOG2_E, 1.0)
+        } else {
+            (scale_log2, scale)
         })
     }
 }
@@ -305,7 +327,7 @@ pub(crate) struct CpuScores<'m, M> {
 impl<M: AttnMask> CpuScores<'_, M> {
     /// The base-2 logit of raw score `s` at (`row`, `key`).
     pub fn logit2(&self, row: usize, key: usize, s: f32) -> f32 {
-        if M::MODIFIES_SCORES {
+        if self.mask.modifies_scores() {
             self.mask.score(row as u32, key as u32, s, self.slope) * std::f32::consts::LOG2_E
         } else {
             s * self.scale_log2
@@ -316,7 +338,7 @@ impl<M: AttnMask> CpuScores<'_, M> {
     /// derivative of the score modifier (1 for masks that do not modify scores: the softmax
     /// scale is applied to dQ and dK at the end, see [`AttnParams::kernel_grad_scale`]).
     pub fn logit2_and_grad(&self, row: usize, key: usize, s: f32) -> (f64, f32) {
-        if M::MODIFIES_SCORES {
+        if self.mask.modifies_scores() {
             let (x, g) = self
                 .mask
                 .score_and_grad(row as u32, key as u32, s, self.slope);

@@ -14,12 +14,17 @@ pub const BLOCK: usize = SPARSE_BLOCK as usize;
 /// block `j` (a dimension of 1 is shared by every entry or head). Blocks whose bit is 0 are
 /// neither loaded nor computed; within visible blocks the other masks (causal, sequence ends)
 /// still apply, so a causal block-sparse call sees `visible block ∧ j ≤ i + Nk − Nq`. Stored
-/// bit-packed: each block row is `⌈key blocks / 32⌉` u32 words, bit `j % 32` of word `j / 32`.
+/// bit-packed twice: by block row (`⌈key blocks / 32⌉` u32 words each, bit `j % 32` of word
+/// `j / 32`; the forward walks a query tile's key blocks), then by block column (`⌈query
+/// blocks / 32⌉` words each; the backward walks a key tile's query blocks).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockMask {
     dims: [usize; 4],
     row_words: usize,
+    col_words: usize,
+    /// The block rows of every (entry, head), then from `cols_at` their block columns.
     words: Vec<u32>,
+    cols_at: usize,
 }
 
 impl BlockMask {
@@ -35,21 +40,31 @@ impl BlockMask {
                 "block mask {dims:?}: every dimension must be ≥ 1"
             )));
         }
-        let row_words = dims[3].div_ceil(32);
-        let n = dims[..3]
-            .iter()
-            .try_fold(row_words, |a, &d| a.checked_mul(d))
-            .filter(|&n| n <= u32::MAX as usize)
-            .ok_or_else(|| FlashError::TooLarge(format!("block mask {dims:?}")))?;
-        let mut words = vec![0u32; n];
         let [nb, nh, nqb, nkb] = dims;
+        let (row_words, col_words) = (nkb.div_ceil(32), nqb.div_ceil(32));
+        let too_large = || FlashError::TooLarge(format!("block mask {dims:?}"));
+        let slots = nb.checked_mul(nh).ok_or_else(too_large)?;
+        let rows_len = slots
+            .checked_mul(nqb)
+            .and_then(|n| n.checked_mul(row_words))
+            .ok_or_else(too_large)?;
+        let n = slots
+            .checked_mul(nkb)
+            .and_then(|n| n.checked_mul(col_words))
+            .and_then(|n| n.checked_add(rows_len))
+            .filter(|&n| n <= u32::MAX as usize)
+            .ok_or_else(too_large)?;
+        let mut words = vec![0u32; n];
         for b in 0..nb {
             for h in 0..nh {
+                let slot = b * nh + h;
                 for i in 0..nqb {
-                    let row = ((b * nh + h) * nqb + i) * row_words;
+                    let row = (slot * nqb + i) * row_words;
                     for j in 0..nkb {
                         if visible(b, h, i, j) {
                             words[row + j / 32] |= 1 << (j % 32);
+                            let col = rows_len + (slot * nkb + j) * col_words;
+                            words[col + i / 32] |= 1 << (i % 32);
                         }
                     }
                 }
@@ -58,7 +73,9 @@ impl BlockMask {
         Ok(Self {
             dims,
             row_words,
+            col_words,
             words,
+            cols_at: rows_len,
         })
     }
 
@@ -93,13 +110,37 @@ impl BlockMask {
 
     /// The share of visible blocks.
     pub fn density(&self) -> f64 {
-        let ones: u64 = self.words.iter().map(|w| u64::from(w.count_ones())).sum();
+        let rows = &self.words[..self.cols_at];
+        let ones: u64 = rows.iter().map(|w| u64::from(w.count_ones())).sum();
         ones as f64 / self.dims.iter().product::<usize>() as f64
     }
 
-    /// The packed words (what the kernels read).
+    /// The packed words, rows then columns (what the kernels read).
     pub(crate) fn words(&self) -> &[u32] {
         &self.words
+    }
+
+    /// Where in [`BlockMask::words`] the block columns start.
+    pub(crate) fn cols_offset(&self) -> usize {
+        self.cols_at
+    }
+
+    /// Words between two batch entries' columns (0 when shared).
+    pub(crate) fn col_batch_stride(&self) -> usize {
+        if self.dims[0] == 1 {
+            0
+        } else {
+            self.dims[1] * self.dims[3] * self.col_words
+        }
+    }
+
+    /// Words between two heads' columns (0 when shared).
+    pub(crate) fn col_head_stride(&self) -> usize {
+        if self.dims[1] == 1 {
+            0
+        } else {
+            self.dims[3] * self.col_words
+        }
     }
 
     /// Words between two batch entries' rows (0 when shared).
@@ -209,6 +250,31 @@ mod tests {
         assert!(m.check(3, 4, 300, 5000).is_err());
         assert!(m.check(2, 4, 257, 5000).is_ok());
         assert!(m.check(2, 4, 256, 5000).is_err());
+    }
+
+    /// The block columns hold the same bits as the rows, at their strides.
+    #[test]
+    fn columns_mirror_rows() {
+        for dims in [[2, 3, 5, 40], [1, 2, 70, 3], [3, 1, 33, 33]] {
+            let bit = |b: usize, h: usize, i: usize, j: usize| (b * 7 + h * 5 + i * 3 + j) % 4 == 0;
+            let m = BlockMask::from_fn(dims, bit).unwrap();
+            let col_words = dims[2].div_ceil(32);
+            for b in 0..dims[0] {
+                for h in 0..dims[1] {
+                    for i in 0..dims[2] {
+                        for j in 0..dims[3] {
+                            let at = m.cols_offset()
+                                + b * m.col_batch_stride()
+                                + h * m.col_head_stride()
+                                + j * col_words
+                                + i / 32;
+                            assert_eq!(m.words()[at] >> (i % 32) & 1 != 0, bit(b, h, i, j));
+                            assert_eq!(m.get(b, h, i, j), bit(b, h, i, j));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

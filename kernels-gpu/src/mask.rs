@@ -17,9 +17,17 @@ use crate::params::MaskArgs;
 
 /// A mask policy; see the module docs.
 pub trait AttnMask: Sized {
-    /// Whether [`AttnMask::score`] changes scores (else kernels skip it and apply the
+    /// Whether [`AttnMask::score`] may change scores (else kernels skip it and apply the
     /// softmax scale themselves).
     const MODIFIES_SCORES: bool = false;
+
+    /// Whether [`AttnMask::score`] changes this block's scores: [`AttnMask::MODIFIES_SCORES`]
+    /// and, for masks whose modifiers are optional, one of them on (block-uniform; when false
+    /// the kernels skip the modifier and apply the softmax scale themselves).
+    #[inline(always)]
+    fn modifies_scores(&self) -> bool {
+        Self::MODIFIES_SCORES
+    }
 
     /// The mask of one block.
     ///
@@ -59,6 +67,19 @@ pub trait AttnMask: Sized {
     /// Whether query rows `[row0, row0 + block_m)` visit key tile `n` (the backward walks the
     /// query tiles of one key tile).
     fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool;
+
+    /// The first query tile `≥ i` (of `block_m` rows) that visits key tile `n` (of `block_n`
+    /// keys): the backward's walk over the query tiles of one key tile. The default tests
+    /// each tile with [`AttnMask::visits_key_tile`]; masks that can jump over the tiles they
+    /// skip override it.
+    #[inline(always)]
+    fn query_tile_at_or_after(&self, i: u32, block_m: u32, n: u32, block_n: u32) -> Option<u32> {
+        let tiles = self.seqlen_q().div_ceil(block_m);
+        (i..tiles).find(|&t| self.visits_key_tile(t * block_m, block_m, n, block_n))
+    }
+
+    /// The query sequence length of the mask's block.
+    fn seqlen_q(&self) -> u32;
 
     /// Every key tile the query tile visits, in visiting order (decreasing).
     #[inline(always)]
@@ -147,9 +168,31 @@ impl CausalMask {
             self.seqlen_k
         }
     }
+
+    /// [`AttnMask::query_tile_at_or_after`] jumping straight to the first query tile that
+    /// reaches key tile `n` (rows before `key0 − shift` see none of its keys under causal
+    /// masking; from there on the visited tiles have no gap). The block-sparse walk uses it;
+    /// the plain backward keeps the trait's plain scan, which costs it fewer registers.
+    #[inline(always)]
+    pub fn first_query_tile_from(&self, i: u32, block_m: u32, n: u32, block_n: u32) -> Option<u32> {
+        let lowest_row = if self.causal {
+            let key0 = n as i64 * block_n as i64;
+            (key0 - self.seqlen_k as i64 + self.seqlen_q as i64).max(0)
+        } else {
+            0
+        };
+        let from = i.max((lowest_row / block_m as i64).min(u32::MAX as i64) as u32);
+        let tiles = self.seqlen_q.div_ceil(block_m);
+        (from..tiles).find(|&t| self.visits_key_tile(t * block_m, block_m, n, block_n))
+    }
 }
 
 impl AttnMask for CausalMask {
+    #[inline(always)]
+    fn seqlen_q(&self) -> u32 {
+        self.seqlen_q
+    }
+
     #[inline(always)]
     unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
         Self {
@@ -278,6 +321,11 @@ impl WindowMask {
 
 impl AttnMask for WindowMask {
     #[inline(always)]
+    fn seqlen_q(&self) -> u32 {
+        self.seqlen_q
+    }
+
+    #[inline(always)]
     unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
         Self::of(args, block.seqlen_q, block.seqlen_k)
     }
@@ -344,8 +392,13 @@ pub struct ScoredMask {
     pub scale: f32,
     /// The cap; 0 for none.
     pub softcap: f32,
+    /// `1 / softcap` (0 without a cap).
+    pub inv_softcap: f32,
     /// The ALiBi slope of the block's head (0: none).
     pub slope: f32,
+    /// Whether a softcap or ALiBi is on ([`MaskArgs::modifies_scores`]); without them the
+    /// scores are left alone (a window only).
+    pub modifies: bool,
 }
 
 impl ScoredMask {
@@ -356,7 +409,13 @@ impl ScoredMask {
             window: WindowMask::of(args, seqlen_q, seqlen_k),
             scale: args.scale,
             softcap: args.softcap,
+            inv_softcap: if args.softcap > 0.0 {
+                1.0 / args.softcap
+            } else {
+                0.0
+            },
             slope: 0.0,
+            modifies: args.modifies_scores(),
         }
     }
 
@@ -364,7 +423,7 @@ impl ScoredMask {
     #[inline(always)]
     fn cap(&self, x: f32) -> (f32, f32) {
         if self.softcap > 0.0 {
-            let t = crate::math::tanh(x / self.softcap);
+            let t = crate::math::tanh(x * self.inv_softcap);
             (self.softcap * t, 1.0 - t * t)
         } else {
             (x, 1.0)
@@ -379,7 +438,17 @@ impl ScoredMask {
 }
 
 impl AttnMask for ScoredMask {
+    #[inline(always)]
+    fn seqlen_q(&self) -> u32 {
+        self.window.seqlen_q
+    }
+
     const MODIFIES_SCORES: bool = true;
+
+    #[inline(always)]
+    fn modifies_scores(&self) -> bool {
+        self.modifies
+    }
 
     #[inline(always)]
     unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
@@ -469,6 +538,11 @@ pub struct SparseMask {
     /// Address of the (batch, head)'s first u32 word (row-major block rows of
     /// [`sparse_row_words`] words each).
     pub bits: u64,
+    /// Address of the (batch, head)'s first word of the same bits by key block (block columns
+    /// of [`sparse_row_words`]`(seqlen_q)` words each: bit `qb % 32` of word `qb / 32` of
+    /// column `kb` is block (`qb`, `kb`)), which the backward's walk over the query tiles of a
+    /// key tile reads.
+    pub cols: u64,
 }
 
 /// Words per block row of a block-sparse mask over `seqlen_k` keys: one bit per key block of
@@ -511,6 +585,32 @@ impl SparseMask {
         }
     }
 
+    /// The lowest visible query block `≥ qb` of key block `kb` (from the column words).
+    #[inline(always)]
+    fn visible_block_at_or_after(&self, qb: u32, kb: u32) -> Option<u32> {
+        let col_words = sparse_row_words(self.base.seqlen_q);
+        let word = |w: u32| {
+            let at = kb as usize * col_words as usize + w as usize;
+            // SAFETY: `new`'s caller vouches for the column words of every key block.
+            unsafe { *(self.cols as *const u32).add(at) }
+        };
+        let mut w = qb / 32;
+        if w >= col_words {
+            return None;
+        }
+        let mut bits = word(w) & (u32::MAX << (qb % 32));
+        loop {
+            if bits != 0 {
+                return Some(w * 32 + bits.trailing_zeros());
+            }
+            w += 1;
+            if w == col_words {
+                return None;
+            }
+            bits = word(w);
+        }
+    }
+
     /// The highest tile `≤ n` (of `block_n` keys) in a visible block of rows from `row0`.
     #[inline(always)]
     fn visible_tile_at_or_below(&self, row0: u32, n: u32, block_n: u32) -> Option<u32> {
@@ -527,18 +627,44 @@ impl SparseMask {
 
 impl AttnMask for SparseMask {
     #[inline(always)]
+    fn seqlen_q(&self) -> u32 {
+        self.base.seqlen_q
+    }
+
+    #[inline(always)]
     unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
         let first = block.batch as u64 * args.bits_batch_stride as u64
             + block.head as u64 * args.bits_head_stride as u64;
+        let first_col = block.batch as u64 * args.cols_batch_stride as u64
+            + block.head as u64 * args.cols_head_stride as u64;
         Self {
             base: CausalMask::new(args, block),
             bits: args.mask_bits + 4 * first,
+            cols: args.mask_cols + 4 * first_col,
         }
     }
 
     #[inline(always)]
     fn later_rows_see_more(args: &MaskArgs) -> bool {
         CausalMask::later_rows_see_more(args)
+    }
+
+    #[inline(always)]
+    fn query_tile_at_or_after(&self, i: u32, block_m: u32, n: u32, block_n: u32) -> Option<u32> {
+        // Query tiles lie in one block row each (block_m divides SPARSE_BLOCK): jump to the
+        // next visible block of the key tile's column, then let the base mask (causal, tails)
+        // pick the first tile it visits from there.
+        let (per, kb) = (SPARSE_BLOCK / block_m, n * block_n / SPARSE_BLOCK);
+        let mut i = i;
+        loop {
+            let qb = self.visible_block_at_or_after(i / per, kb)?;
+            i = i.max(qb * per);
+            let t = self.base.first_query_tile_from(i, block_m, n, block_n)?;
+            if t / per == qb {
+                return Some(t);
+            }
+            i = t; // in a later block row: look for the next visible block from there
+        }
     }
 
     #[inline(always)]
@@ -619,6 +745,11 @@ impl TreeMask {
 }
 
 impl AttnMask for TreeMask {
+    #[inline(always)]
+    fn seqlen_q(&self) -> u32 {
+        self.base.seqlen_q
+    }
+
     #[inline(always)]
     unsafe fn new(args: &MaskArgs, block: &BlockInfo) -> Self {
         let first = block.batch as u64 * args.bits_batch_stride as u64;
@@ -747,7 +878,34 @@ mod tests {
                             assert_eq!(m.row_sees_keys(r), (0..nk).any(|k| m.visible(r, k)));
                         }
                     }
+                    query_walk_matches_scan(&m, nk, bm, bn);
+                    let causal = CausalMask {
+                        seqlen_q: nq,
+                        seqlen_k: nk,
+                        causal: right == 0,
+                    };
+                    query_walk_matches_scan(&causal, nk, bm, bn);
+                    for n in 0..nk.div_ceil(bn) {
+                        for i in 0..=nq.div_ceil(bm) {
+                            assert_eq!(
+                                causal.first_query_tile_from(i, bm, n, bn),
+                                causal.query_tile_at_or_after(i, bm, n, bn)
+                            );
+                        }
+                    }
                 }
+            }
+        }
+    }
+
+    /// The backward's walk ([`AttnMask::query_tile_at_or_after`]) finds, from every start,
+    /// the first query tile that [`AttnMask::visits_key_tile`] says visits each key tile.
+    fn query_walk_matches_scan<M: AttnMask>(m: &M, nk: u32, bm: u32, bn: u32) {
+        let tiles = m.seqlen_q().div_ceil(bm);
+        for n in 0..nk.div_ceil(bn) {
+            for i in 0..=tiles {
+                let scan = (i..tiles).find(|&t| m.visits_key_tile(t * bm, bm, n, bn));
+                assert_eq!(m.query_tile_at_or_after(i, bm, n, bn), scan, "n={n} i={i}");
             }
         }
     }
@@ -779,6 +937,7 @@ mod tests {
                 };
                 let nk = prefix + drafts;
                 for (bm, bn) in [(16u32, 16u32), (64, 32), (128, 64)] {
+                    query_walk_matches_scan(&m, nk, bm, bn);
                     for row0 in (0..drafts).step_by(bm as usize) {
                         let visited: std::vec::Vec<u32> = m.key_tiles(row0, bm, bn).collect();
                         let rows = row0..(row0 + bm).min(drafts);
@@ -831,6 +990,14 @@ mod tests {
                             (0..32).fold(0, |w, b| w | (((next() % 16) < density) as u32) << b)
                         })
                         .collect();
+                    // The same bits by key block, as the host lays them out.
+                    let col_words = sparse_row_words(nq);
+                    let mut cols = std::vec![0u32; (kb * col_words) as usize];
+                    for (i, j) in (0..qb).flat_map(|i| (0..kb).map(move |j| (i, j))) {
+                        if words[(i * row_words + j / 32) as usize] >> (j % 32) & 1 != 0 {
+                            cols[(j * col_words + i / 32) as usize] |= 1 << (i % 32);
+                        }
+                    }
                     let m = SparseMask {
                         base: CausalMask {
                             seqlen_q: nq,
@@ -838,8 +1005,10 @@ mod tests {
                             causal,
                         },
                         bits: words.as_ptr() as u64,
+                        cols: cols.as_ptr() as u64,
                     };
                     for (bm, bn) in [(64u32, 64u32), (128, 32), (32, 128), (128, 16)] {
+                        query_walk_matches_scan(&m, nk, bm, bn);
                         for row0 in (0..nq).step_by(bm as usize) {
                             let mut last = u32::MAX;
                             let mut visited = std::vec![false; nk.div_ceil(bn) as usize];

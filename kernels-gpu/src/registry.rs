@@ -10,7 +10,8 @@
 //! argument: sequence lengths, strides, the softmax scale, the causal flag of
 //! [`MaskKind::Causal`] (a warp-uniform branch outside the inner loop: one kernel serves both),
 //! and the window, softcap and ALiBi of [`MaskKind::Masked`] (tile bounds, a predicate in edge
-//! tiles, warp-uniform branches per score; see docs/design.md).
+//! tiles, and a block-uniform branch that skips the score modifier when neither softcap nor
+//! ALiBi is on; see docs/design.md).
 
 use crate::arch::{Arch, ARCH_COUNT};
 use crate::config::{
@@ -39,7 +40,7 @@ pub enum MaskKind {
     /// the tails and causal masking of the plain kernels. Forward and backward only.
     Sparse,
     /// [`crate::mask::TreeMask`]: a tree of draft tokens (speculative decoding) after a fully
-    /// visible prefix. Forward and decode only.
+    /// visible prefix.
     Tree,
 }
 
@@ -565,6 +566,12 @@ registry! {
         96 Sparse [flash_bwd_sparse_f16_d96, flash_bwd_sparse_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
         128 Sparse [flash_bwd_sparse_f16_d128, flash_bwd_sparse_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
         256 Sparse [flash_bwd_sparse_f16_d256, flash_bwd_sparse_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+        // Tree masks: the block-sparse tiles (both masks keep a bits address).
+        32 Tree [flash_bwd_tree_f16_d32, flash_bwd_tree_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Tree [flash_bwd_tree_f16_d64, flash_bwd_tree_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
+        96 Tree [flash_bwd_tree_f16_d96, flash_bwd_tree_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Tree [flash_bwd_tree_f16_d128, flash_bwd_tree_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
+        256 Tree [flash_bwd_tree_f16_d256, flash_bwd_tree_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
     }
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];

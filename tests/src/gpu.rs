@@ -1,8 +1,21 @@
 //! GPU test helpers: the shared device (or a loud SKIPPED line), uploads in several layouts and
-//! downloads.
+//! downloads, and one forward or backward case against the float64 reference.
 
-use flash_attn::{Device, DeviceTensor, Element};
+use crate::{
+    check_accuracy, check_gradient_accuracy, max_abs_diff, random_array, random_qkv, to_f64,
+    Magnitude, GPU_GRADIENT_FACTOR,
+};
+use flash_attn::cpu::{
+    attention_backward_naive, attention_backward_reference, attention_backward_reference_given,
+    attention_naive, attention_reference,
+};
+use flash_attn::shape::AttnShape;
+use flash_attn::{
+    flash_attn, flash_attn_backward_into, flash_attn_into, AttnParams, BwdMode, Device,
+    DeviceTensor, Element, FlashError,
+};
 use ndarray::{Array3, Array4, ArrayView4, Ix3, Ix4};
+use rand::SeedableRng;
 use std::sync::OnceLock;
 
 /// The shared device, or `None` (after a loud message) when there is none.
@@ -114,4 +127,113 @@ pub fn gpu_cases() -> u32 {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(64)
+}
+
+/// One forward case: fresh inputs of `shape` (seeded), uploaded in `layout`, NaN-poisoned
+/// outputs, `flash_attn_into` with `params`, and the accuracy rule of [`check_accuracy`]
+/// against the float64 reference and the naive implementation in `T`. With
+/// `FLASH_ATTN_TEST_VERBOSE` set, prints both errors.
+pub fn forward_case<T: Element>(
+    dev: &Device,
+    seed: u64,
+    shape: AttnShape,
+    params: &AttnParams,
+    magnitude: Magnitude,
+    layout: Layout,
+) -> Result<(), String> {
+    let err = |e: FlashError| format!("{shape:?} {params:?}: {e}");
+    let scale = params.scale(shape.head_dim).map_err(err)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
+    let up = |a: &Array4<T>| upload(dev, a.view(), layout);
+    let (qd, kd, vd) = (up(&q), up(&k), up(&v));
+    let mut o = DeviceTensor::<T>::zeros(dev, &shape.q_dims()).map_err(err)?;
+    let mut lse = DeviceTensor::<f32>::zeros(dev, &shape.lse_dims()).map_err(err)?;
+    o.fill_nan(dev).map_err(err)?;
+    lse.fill_nan(dev).map_err(err)?;
+    flash_attn_into(dev, &qd, &kd, &vd, params, &mut o, &mut lse).map_err(err)?;
+    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
+    let f64s = |a: &Array4<T>| to_f64(a.view());
+    let reference = attention_reference(f64s(&q).view(), f64s(&k).view(), f64s(&v).view(), params)
+        .map_err(err)?;
+    let naive = attention_naive(q.view(), k.view(), v.view(), params).map_err(err)?;
+    if std::env::var_os("FLASH_ATTN_TEST_VERBOSE").is_some() {
+        use std::io::Write;
+        let e = |a: ndarray::ArrayView4<f64>| max_abs_diff(a, reference.0.view());
+        let _ = writeln!(
+            std::io::stderr(),
+            "{shape:?} {params:?} {magnitude:?} {layout:?}: max|O-ref| ours {:.3e}, naive {:.3e}",
+            e(to_f64(o.view()).view()),
+            e(to_f64(naive.0.view()).view())
+        );
+    }
+    check_accuracy(
+        (o.view(), lse.view()),
+        (naive.0.view(), naive.1.view()),
+        (reference.0.view(), reference.1.view()),
+    )
+    .map_err(|e| format!("{shape:?} {params:?} {magnitude:?} {layout:?}: {e}"))
+}
+
+/// One backward case: fresh inputs and dO of `shape` (seeded), uploaded in `layout`, the GPU
+/// forward, NaN-poisoned gradients, the GPU backward in `mode`, and the gradient rule of
+/// [`check_gradient_accuracy`] against the float64 reference gradients.
+pub fn backward_case<T: Element>(
+    dev: &Device,
+    seed: u64,
+    shape: AttnShape,
+    params: &AttnParams,
+    magnitude: Magnitude,
+    layout: Layout,
+    mode: BwdMode,
+) -> Result<(), String> {
+    let err = |e: FlashError| format!("{shape:?} {params:?}: {e}");
+    let scale = params.scale(shape.head_dim).map_err(err)?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
+    let d_o = random_array::<T>(&mut rng, shape.q_dims(), 1.0);
+    let up = |a: &Array4<T>| upload(dev, a.view(), layout);
+    let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
+    let (o, lse) = flash_attn(dev, &qd, &kd, &vd, params).map_err(err)?;
+    let mut dq = DeviceTensor::<T>::zeros(dev, &shape.q_dims()).map_err(err)?;
+    let mut dk = DeviceTensor::<T>::zeros(dev, &shape.kv_dims()).map_err(err)?;
+    let mut dv = DeviceTensor::<T>::zeros(dev, &shape.kv_dims()).map_err(err)?;
+    for t in [&mut dq, &mut dk, &mut dv] {
+        t.fill_nan(dev).map_err(err)?;
+    }
+    flash_attn_backward_into(
+        dev, &qd, &kd, &vd, &o, &dod, &lse, params, mode, &mut dq, &mut dk, &mut dv,
+    )
+    .map_err(err)?;
+    let ours = [
+        download4(dev, &dq),
+        download4(dev, &dk),
+        download4(dev, &dv),
+    ];
+    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
+    let f64s = |a: &Array4<T>| to_f64(a.view());
+    let (q64, k64, v64, do64) = (f64s(&q), f64s(&k), f64s(&v), f64s(&d_o));
+    let reference =
+        attention_backward_reference(q64.view(), k64.view(), v64.view(), do64.view(), params)
+            .map_err(err)?;
+    let given = attention_backward_reference_given(
+        q64.view(),
+        k64.view(),
+        v64.view(),
+        f64s(&o).view(),
+        do64.view(),
+        lse.mapv(f64::from).view(),
+        params,
+    )
+    .map_err(err)?;
+    let naive =
+        attention_backward_naive(q.view(), k.view(), v.view(), d_o.view(), params).map_err(err)?;
+    check_gradient_accuracy(
+        GPU_GRADIENT_FACTOR,
+        [ours[0].view(), ours[1].view(), ours[2].view()],
+        [naive.0.view(), naive.1.view(), naive.2.view()],
+        [given.0.view(), given.1.view(), given.2.view()],
+        [reference.0.view(), reference.1.view(), reference.2.view()],
+    )
+    .map_err(|e| format!("{shape:?} {params:?} {magnitude:?} {layout:?} {mode:?}: {e}"))
 }

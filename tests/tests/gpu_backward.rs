@@ -6,21 +6,10 @@
 //! Without a CUDA device every test prints a loud SKIPPED line and passes, unless
 //! `FLASH_ATTN_REQUIRE_GPU=1`.
 
-use flash_attn::cpu::{
-    attention_backward_naive, attention_backward_reference, attention_backward_reference_given,
-};
 use flash_attn::shape::AttnShape;
-use flash_attn::{
-    flash_attn, flash_attn_backward_into, AttnParams, BwdMode, Device, DeviceTensor, Element,
-    FlashError,
-};
-use flash_attn_tests::gpu::{
-    device as gpu_device, download3, download4, gpu_cases, upload, Layout,
-};
-use flash_attn_tests::{
-    attention_mask_recipes, check_gradient_accuracy, random_array, random_qkv, to_f64, Magnitude,
-    GPU_GRADIENT_FACTOR,
-};
+use flash_attn::{flash_attn, AttnParams, BwdMode, Device, DeviceTensor, Element, FlashError};
+use flash_attn_tests::gpu::{backward_case, device as gpu_device, download4, gpu_cases, Layout};
+use flash_attn_tests::{attention_mask_recipes, random_array, random_qkv, Magnitude};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -30,8 +19,7 @@ fn device() -> Option<&'static Device> {
     gpu_device("gpu_backward")
 }
 
-/// One case: fresh inputs, the GPU forward, NaN-poisoned gradients, the GPU backward, and the
-/// gradient rule against the float64 reference.
+/// One case (see [`backward_case`]).
 fn run_case<T: Element>(
     dev: &Device,
     seed: u64,
@@ -41,59 +29,7 @@ fn run_case<T: Element>(
     layout: Layout,
     mode: BwdMode,
 ) -> Result<(), String> {
-    let err = |e: FlashError| e.to_string();
-    let scale = params.scale(shape.head_dim).map_err(err)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
-    let d_o = random_array::<T>(&mut rng, shape.q_dims(), 1.0);
-    let up = |a: &ndarray::Array4<T>| upload(dev, a.view(), layout);
-    let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
-    let (o, lse) = flash_attn(dev, &qd, &kd, &vd, &params).map_err(err)?;
-    let mut dq = DeviceTensor::<T>::zeros(dev, &shape.q_dims()).map_err(err)?;
-    let mut dk = DeviceTensor::<T>::zeros(dev, &shape.kv_dims()).map_err(err)?;
-    let mut dv = DeviceTensor::<T>::zeros(dev, &shape.kv_dims()).map_err(err)?;
-    for t in [&mut dq, &mut dk, &mut dv] {
-        t.fill_nan(dev).map_err(err)?;
-    }
-    flash_attn_backward_into(
-        dev, &qd, &kd, &vd, &o, &dod, &lse, &params, mode, &mut dq, &mut dk, &mut dv,
-    )
-    .map_err(err)?;
-    let ours = [
-        download4(dev, &dq),
-        download4(dev, &dk),
-        download4(dev, &dv),
-    ];
-    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
-    let f64s = |a: &ndarray::Array4<T>| to_f64(a.view());
-    let reference = attention_backward_reference(
-        f64s(&q).view(),
-        f64s(&k).view(),
-        f64s(&v).view(),
-        f64s(&d_o).view(),
-        &params,
-    )
-    .map_err(err)?;
-    let given = attention_backward_reference_given(
-        f64s(&q).view(),
-        f64s(&k).view(),
-        f64s(&v).view(),
-        f64s(&o).view(),
-        f64s(&d_o).view(),
-        lse.mapv(f64::from).view(),
-        &params,
-    )
-    .map_err(err)?;
-    let naive =
-        attention_backward_naive(q.view(), k.view(), v.view(), d_o.view(), &params).map_err(err)?;
-    check_gradient_accuracy(
-        GPU_GRADIENT_FACTOR,
-        [ours[0].view(), ours[1].view(), ours[2].view()],
-        [naive.0.view(), naive.1.view(), naive.2.view()],
-        [given.0.view(), given.1.view(), given.2.view()],
-        [reference.0.view(), reference.1.view(), reference.2.view()],
-    )
-    .map_err(|e| format!("{shape:?} {params:?} {magnitude:?} {layout:?} {mode:?}: {e}"))
+    backward_case::<T>(dev, seed, shape, &params, magnitude, layout, mode)
 }
 
 /// Sizes and options: odd lengths, GQA/MQA, every head dim the GPU backward takes (odd ones

@@ -11,11 +11,10 @@ use flash_attn::{
     flash_attn, flash_attn_into, AttnParams, Device, DeviceTensor, Element, FlashError,
 };
 use flash_attn_tests::gpu::{
-    device as gpu_device, download3, download4, gpu_cases, upload, Layout,
+    device as gpu_device, download3, download4, forward_case, gpu_cases, Layout,
 };
 use flash_attn_tests::{
-    attention_mask_recipes, check_accuracy, max_abs_diff, random_qkv, to_f64, Alibi, Magnitude,
-    MaskRecipe,
+    attention_mask_recipes, check_accuracy, random_qkv, to_f64, Alibi, Magnitude, MaskRecipe,
 };
 use half::{bf16, f16};
 use ndarray::Array4;
@@ -27,7 +26,7 @@ fn device() -> Option<&'static Device> {
     gpu_device("gpu_forward")
 }
 
-/// One case: fresh inputs, NaN-poisoned outputs, the kernel, and the accuracy rule.
+/// One case of `masks` (see [`forward_case`]).
 #[allow(clippy::too_many_arguments)]
 fn run_case<T: Element>(
     dev: &Device,
@@ -40,49 +39,7 @@ fn run_case<T: Element>(
     layout: Layout,
 ) -> Result<(), String> {
     let params = masks.params_for(causal, softmax_scale, &shape);
-    let scale = params.scale(shape.head_dim).map_err(|e| e.to_string())?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
-    let (qd, kd, vd) = (
-        upload(dev, q.view(), layout),
-        upload(dev, k.view(), layout),
-        upload(dev, v.view(), layout),
-    );
-    let mut o = DeviceTensor::<T>::zeros(dev, &shape.q_dims()).map_err(|e| e.to_string())?;
-    let mut lse = DeviceTensor::<f32>::zeros(dev, &shape.lse_dims()).map_err(|e| e.to_string())?;
-    o.fill_nan(dev).map_err(|e| e.to_string())?;
-    lse.fill_nan(dev).map_err(|e| e.to_string())?;
-    flash_attn_into(dev, &qd, &kd, &vd, &params, &mut o, &mut lse).map_err(|e| e.to_string())?;
-    let (o, lse) = (download4(dev, &o), download3(dev, &lse));
-    let reference = attention_reference(
-        to_f64(q.view()).view(),
-        to_f64(k.view()).view(),
-        to_f64(v.view()).view(),
-        &params,
-    )
-    .map_err(|e| e.to_string())?;
-    let naive =
-        attention_naive(q.view(), k.view(), v.view(), &params).map_err(|e| e.to_string())?;
-    if std::env::var_os("FLASH_ATTN_TEST_VERBOSE").is_some() {
-        use std::io::Write;
-        let err = |a: ndarray::ArrayView4<f64>| max_abs_diff(a, reference.0.view());
-        let _ = writeln!(
-            std::io::stderr(),
-            "{shape:?} causal={causal} {masks:?} {magnitude:?} {layout:?}: max|O-ref| ours {:.3e}, naive {:.3e}",
-            err(to_f64(o.view()).view()),
-            err(to_f64(naive.0.view()).view())
-        );
-    }
-    check_accuracy(
-        (o.view(), lse.view()),
-        (naive.0.view(), naive.1.view()),
-        (reference.0.view(), reference.1.view()),
-    )
-    .map_err(|e| {
-        format!(
-            "{shape:?} causal={causal} scale={softmax_scale:?} {masks:?} {magnitude:?} {layout:?}: {e}"
-        )
-    })
+    forward_case::<T>(dev, seed, shape, &params, magnitude, layout)
 }
 
 fn shape_strategy() -> impl Strategy<Value = AttnShape> {

@@ -1,7 +1,8 @@
 //! Tree masks (speculative decoding) on the GPU against the float64 reference, with the
-//! accuracy rule: the forward (`flash_attn`, through the forward kernels or, for few drafts
-//! over many keys, the decode kernels) and `attn_with_kvcache` over contiguous and paged caches
-//! with the drafts appended in the same call. Random trees from parent arrays, random cached
+//! accuracy rules: the forward (`flash_attn`, through the forward kernels or, for few drafts
+//! over many keys, the decode kernels), the backward (dQ, dK, dV, both modes), and
+//! `attn_with_kvcache` over contiguous and paged caches with the drafts appended in the same
+//! call. Random trees from parent arrays, random cached
 //! prefixes (0 included), shared or per-entry trees, causal or not, GQA; outputs poisoned.
 //!
 //! Without a CUDA device every test prints a loud SKIPPED line and passes, unless
@@ -10,13 +11,13 @@
 use flash_attn::cpu::{attention_naive, attention_reference, gather_sequence};
 use flash_attn::shape::AttnShape;
 use flash_attn::{
-    attn_with_kvcache_into, flash_attn_into, AttnParams, DecodeOptions, Device, DeviceTensor,
-    Element, FlashError, KvCache, NewKv,
+    attn_with_kvcache_into, flash_attn_into, AttnParams, BwdMode, DecodeOptions, Device,
+    DeviceTensor, Element, FlashError, KvCache, NewKv,
 };
 use flash_attn_tests::gpu::{
-    device as gpu_device, download3, download4, gpu_cases, upload, Layout,
+    backward_case, device as gpu_device, download3, download4, gpu_cases, upload, Layout,
 };
-use flash_attn_tests::{check_accuracy, random_array, random_tree, to_f64};
+use flash_attn_tests::{check_accuracy, random_array, random_tree, to_f64, Magnitude};
 use half::{bf16, f16};
 use ndarray::{s, Array2, Array3, Array4, Axis};
 use proptest::prelude::*;
@@ -258,8 +259,45 @@ fn run_decode<T: Element>(dev: &Device, c: &TreeCase) -> Result<(), String> {
     check_outputs(dev, &o, &lse, refs).map_err(|e| format!("{c:?} decode: {e}"))
 }
 
+/// The backward over a padded batch whose entries all have the longest prefix: dQ, dK, dV
+/// against the float64 reference gradients (see `backward_case`), either mode.
+fn run_backward<T: Element>(dev: &Device, c: &TreeCase, mode: BwdMode) -> Result<(), String> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(c.seed ^ 2);
+    let prefix = c.prefix.iter().copied().max().unwrap_or(0);
+    let shape = AttnShape {
+        batch: c.batch,
+        seqlen_q: c.drafts,
+        seqlen_k: prefix + c.drafts,
+        heads_q: c.heads.0,
+        heads_kv: c.heads.1,
+        head_dim: c.head_dim,
+    };
+    let tree = random_tree(&mut rng, if c.shared_tree { 1 } else { c.batch }, c.drafts);
+    let params = AttnParams {
+        causal: c.causal,
+        tree_mask: Some(tree.as_ref()),
+        ..AttnParams::default()
+    };
+    let layout = if c.seed.is_multiple_of(2) {
+        Layout::Contiguous
+    } else {
+        Layout::HeadMajor
+    };
+    backward_case::<T>(dev, c.seed, shape, &params, Magnitude::Normal, layout, mode)
+        .map_err(|e| format!("{c:?} backward: {e}"))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: gpu_cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn tree_backward_matches_reference(c in case_strategy(), bf in any::<bool>(), det in any::<bool>()) {
+        if let Some(dev) = device() {
+            let mode = if det { BwdMode::Deterministic } else { BwdMode::Fast };
+            let r = if bf { run_backward::<bf16>(dev, &c, mode) } else { run_backward::<f16>(dev, &c, mode) };
+            prop_assert_eq!(r, Ok(()));
+        }
+    }
 
     #[test]
     fn tree_forward_matches_reference(c in case_strategy(), bf in any::<bool>()) {

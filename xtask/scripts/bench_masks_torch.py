@@ -3,8 +3,8 @@
 
 For each row (bf16, d = 128, H = 16, [B, N, H, d] viewed as [B, H, N, d]):
 - `torch_flex_ms`: FlexAttention (`torch.compile(flex_attention)`) with the row's mask as a
-  block mask (`create_block_mask`, 128 × 128 blocks, the causal / window / block-sparse
-  predicate) and its score modification (ALiBi `score − slope_h·|q − kv|`, softcap
+  block mask (`create_block_mask`, 128 × 128 blocks, the causal / window / block-sparse / tree
+  predicate; tree rows: 64 draft queries over n cached keys plus the drafts) and its score modification (ALiBi `score − slope_h·|q − kv|`, softcap
   `cap·tanh(score / cap)`); block-sparse rows rebuild the bits from `block_hash` below, the
   same function as `masks.rs`.
 - `torch_flash_ms`: SDPA's flash backend where it applies (causal rows; varlen: the padded
@@ -38,10 +38,29 @@ def block_hash(i, j):
     return (i * 7919 + j * 104729 + (i * j) % 65521) % 16
 
 
+def tree_visible(parents):
+    """[T, T] bool: draft i sees draft t when t is i or one of its ancestors."""
+    t = len(parents)
+    vis = torch.zeros(t, t, dtype=torch.bool)
+    for i in range(t):
+        a = i
+        while a >= 0:
+            vis[i, a] = True
+            a = parents[a]
+    return vis.cuda()
+
+
 def flex_args(row, n):
     """The block mask and score_mod of a mask row."""
     name = row["mask"]
     score_mod = None
+    if name.startswith("tree"):
+        # Queries are the drafts; keys the n cached ones, then the drafts.
+        vis, prefix = tree_visible(row["parents"]), n
+        drafts = len(row["parents"])
+        mask_mod = lambda b, h, q, kv: (kv < prefix) | vis[q, (kv - prefix).clamp(min=0)]
+        bm = create_block_mask(mask_mod, 1, None, drafts, n + drafts, device="cuda", BLOCK_SIZE=128)
+        return bm, score_mod
     # Constants as tensors: the compiled kernels take them as inputs instead of recompiling
     # for every value.
     if name.startswith("block_"):
@@ -110,8 +129,14 @@ def main():
             row["padded_tokens"] = b * m
             row["ratio_vs_flash"] = row["ours_ms"] / row["torch_flash_ms"] if row.get("torch_flash_ms") else None
         else:
-            q, k, v = (rand(gen, 1, n, h, d, grad=grad_on) for _ in range(3))
-            g = rand(gen, 1, n, h, d) if grad_on else None
+            if row["mask"].startswith("tree"):
+                t = row["drafts"]
+                q = rand(gen, 1, t, h, d, grad=grad_on)
+                k, v = (rand(gen, 1, n + t, h, d, grad=grad_on) for _ in range(2))
+                g = rand(gen, 1, t, h, d) if grad_on else None
+            else:
+                q, k, v = (rand(gen, 1, n, h, d, grad=grad_on) for _ in range(3))
+                g = rand(gen, 1, n, h, d) if grad_on else None
             try:
                 bm, score_mod = flex_args(row, n)
                 f = lambda: flex(q, k, v, score_mod=score_mod, block_mask=bm)

@@ -67,7 +67,7 @@ BLOCK-SPARSE (forward and --backward, safetensors input):
     i (queries 128·i ..) may see key block j; zero blocks are skipped. Combines with --causal
     and seqlens_k; not with --window, --softcap, alibi_slopes or a varlen batch.
 
-TREE MASKS (speculative decoding: forward, --decode; --backward on the CPU only):
+TREE MASKS (speculative decoding: forward, --decode and --backward):
     tree_mask (I32, [B or 1, T, T]: nonzero where draft i sees draft t) or tree_parents (I32,
     [B or 1, T]: each draft's parent, an earlier draft or -1 for one that continues the
     prefix; a draft sees itself and its ancestors). The T queries are the drafts, the last T

@@ -15,6 +15,6 @@ pub(crate) mod gemm;
 pub(crate) mod pad;
 mod ptx;
 /// The one `ptx` wrapper shared code outside `device` uses ([`crate::math`]).
-pub(crate) use ptx::ex2_approx_ftz as ptx_ex2;
+pub(crate) use ptx::{ex2_approx_ftz as ptx_ex2, rcp_approx_ftz as ptx_rcp};
 pub(crate) mod softmax;
 pub(crate) mod tile;

@@ -54,6 +54,6 @@ pub struct BwdParams {
     pub reserved: u32,
 }
 
-const _: () = assert!(core::mem::size_of::<BwdParams>() == 9 * 32 + 2 * 24 + 24 + 8 + 56 + 16);
+const _: () = assert!(core::mem::size_of::<BwdParams>() == 9 * 32 + 2 * 24 + 24 + 8 + 64 + 16);
 const _: () = assert!(core::mem::offset_of!(BwdParams, lse) == 288);
 const _: () = assert!(core::mem::offset_of!(BwdParams, dims) == 336);

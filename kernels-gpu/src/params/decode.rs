@@ -194,6 +194,6 @@ pub struct AppendParams {
 }
 
 const _: () = assert!(core::mem::size_of::<KvLayout>() == 40);
-const _: () = assert!(core::mem::size_of::<DecodeParams>() == 4 * 32 + 24 + 24 + 56 + 40 + 16 + 16);
+const _: () = assert!(core::mem::size_of::<DecodeParams>() == 4 * 32 + 24 + 24 + 64 + 40 + 16 + 16);
 const _: () = assert!(core::mem::size_of::<CombineParams>() == 32 + 24 + 64 + 48 + 24 + 8 + 16);
 const _: () = assert!(core::mem::size_of::<AppendParams>() == 4 * 32 + 40 + 16);

@@ -30,7 +30,7 @@ pub struct FwdParams {
     pub mask: MaskArgs,
 }
 
-const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 56 + 8);
+const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 64 + 8);
 const _: () = assert!(core::mem::offset_of!(FwdParams, lse) == 128);
 const _: () = assert!(core::mem::offset_of!(FwdParams, dims) == 152);
 const _: () = assert!(core::mem::offset_of!(FwdParams, mask) == 184);

@@ -116,19 +116,36 @@ pub struct MaskArgs {
     /// Words between two heads' rows (0: one mask for every head). A block-sparse head's rows
     /// are `⌈seqlen_q / 128⌉` rows of [`crate::mask::sparse_row_words`] words each.
     pub bits_head_stride: u32,
-    /// Keeps the size a multiple of 8 bytes.
-    pub reserved: [u32; 2],
+    /// Words between two batch entries' columns of [`MaskArgs::mask_cols`].
+    pub cols_batch_stride: u32,
+    /// Words between two heads' columns of [`MaskArgs::mask_cols`].
+    pub cols_head_stride: u32,
+    /// Device address of a block-sparse mask's bits by key block (each head: `⌈seqlen_k /
+    /// 128⌉` columns of [`crate::mask::sparse_row_words`]`(seqlen_q)` words), for the
+    /// backward's walk over the query tiles of a key tile; 0 for none.
+    pub mask_cols: u64,
 }
 
 /// Bit set in [`MaskArgs::flags`] for causal masking (aligned to the bottom-right corner):
 /// what [`crate::mask::CausalMask`] reads (the window's right side is then 0 as well).
 pub const FLAG_CAUSAL: u32 = 1;
 
+/// Bit set in [`MaskArgs::flags`] when a softcap or ALiBi modifies the scores: without it
+/// [`crate::mask::ScoredMask`] leaves them alone (a window only), and the softmax takes the
+/// scale as the plain kernels do.
+pub const FLAG_MODIFIES_SCORES: u32 = 2;
+
 impl MaskArgs {
     /// Whether causal masking is on ([`FLAG_CAUSAL`]).
     #[inline(always)]
     pub fn causal(&self) -> bool {
         self.flags & FLAG_CAUSAL != 0
+    }
+
+    /// Whether a softcap or ALiBi modifies the scores ([`FLAG_MODIFIES_SCORES`]).
+    #[inline(always)]
+    pub fn modifies_scores(&self) -> bool {
+        self.flags & FLAG_MODIFIES_SCORES != 0
     }
 }
 
@@ -146,7 +163,9 @@ impl Default for MaskArgs {
             mask_bits: 0,
             bits_batch_stride: 0,
             bits_head_stride: 0,
-            reserved: [0; 2],
+            cols_batch_stride: 0,
+            cols_head_stride: 0,
+            mask_cols: 0,
         }
     }
 }
@@ -155,4 +174,4 @@ const _: () = assert!(core::mem::size_of::<Strides>() == 24);
 const _: () = assert!(core::mem::size_of::<TensorRef>() == 32);
 const _: () = assert!(core::mem::size_of::<RowStatsRef>() == 24);
 const _: () = assert!(core::mem::size_of::<SeqDims>() == 24);
-const _: () = assert!(core::mem::size_of::<MaskArgs>() == 56);
+const _: () = assert!(core::mem::size_of::<MaskArgs>() == 64);

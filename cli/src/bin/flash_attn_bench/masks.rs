@@ -1,6 +1,7 @@
 //! `--op masks`: the mask family's rows (bf16, d = 128, H = 16, one sequence of N = 16K or
 //! 64K tokens): causal, a 4K causal window, causal ALiBi, causal softcap, and block-sparse masks
-//! at densities 1 to 1/16, forward and forward + backward; and a ragged varlen batch (lengths
+//! at densities 1 to 1/16, forward and forward + backward; a tree of 64 draft tokens after a
+//! prefix of N cached keys; and a ragged varlen batch (lengths
 //! 128–16K, 64K tokens) beside the per-sequence calls it replaces. `xtask/scripts/bench_torch.py`
 //! adds FlexAttention (compiled, the same mask and score modification) and SDPA's flash
 //! backend (causal rows; the padded batch for varlen) measured in the same run.
@@ -12,7 +13,7 @@ use flash_attn::timing::{median, time_ms};
 use flash_attn::{
     flash_attn_backward_into, flash_attn_into, flash_attn_varlen_backward_into,
     flash_attn_varlen_into, AttnParams, BlockMask, BwdMode, Device, DeviceTensor, HostVarlen,
-    Result, Varlen,
+    Result, TreeMask, Varlen,
 };
 use half::bf16;
 use serde_json::{json, Value};
@@ -126,28 +127,16 @@ pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize]) -> Result<Vec<Value>
         ];
         for case in cases(n)? {
             let p = &case.params;
-            let fwd = median(&time_ms(dev, 3, reps, || {
-                flash_attn_into(dev, &q, &k, &v, p, &mut o, &mut lse)
-            })?);
-            let [dq, dk, dv] = &mut grads;
-            let fwd_bwd = median(&time_ms(dev, 2, reps.min(10), || {
-                flash_attn_into(dev, &q, &k, &v, p, &mut o, &mut lse)?;
-                flash_attn_backward_into(
-                    dev,
-                    &q,
-                    &k,
-                    &v,
-                    &o,
-                    &d_o,
-                    &lse,
-                    p,
-                    BwdMode::Fast,
-                    dq,
-                    dk,
-                    dv,
-                )
-            })?);
-            for (op, ms) in [("fwd", fwd), ("fwd_bwd", fwd_bwd)] {
+            let times = time_fwd_and_bwd(
+                dev,
+                reps,
+                [&q, &k, &v, &d_o],
+                p,
+                &mut o,
+                &mut lse,
+                &mut grads,
+            )?;
+            for (op, ms) in times {
                 eprintln!("{op:<7} {:<18} n={n:<6} {ms:>9.3} ms", case.name);
                 let mut row = json!({
                     "op": op, "mask": case.name, "dtype": "bf16", "d": D, "h": H, "b": 1, "n": n,
@@ -159,9 +148,83 @@ pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize]) -> Result<Vec<Value>
                 rows.push(row);
             }
         }
+        rows.extend(bench_tree(dev, reps, n)?);
     }
     rows.extend(bench_varlen(dev, reps)?);
     Ok(rows)
+}
+
+/// Median ms of the forward and of forward + backward (fast mode) of one call, as
+/// `[("fwd", ms), ("fwd_bwd", ms)]`.
+#[allow(clippy::too_many_arguments)]
+fn time_fwd_and_bwd(
+    dev: &Device,
+    reps: usize,
+    [q, k, v, d_o]: [&DeviceTensor<bf16>; 4],
+    p: &AttnParams,
+    o: &mut DeviceTensor<bf16>,
+    lse: &mut DeviceTensor<f32>,
+    [dq, dk, dv]: &mut [DeviceTensor<bf16>; 3],
+) -> Result<[(&'static str, f32); 2]> {
+    let fwd = median(&time_ms(dev, 3, reps, || {
+        flash_attn_into(dev, q, k, v, p, o, lse)
+    })?);
+    let fwd_bwd = median(&time_ms(dev, 2, reps.min(10), || {
+        flash_attn_into(dev, q, k, v, p, o, lse)?;
+        flash_attn_backward_into(dev, q, k, v, o, d_o, lse, p, BwdMode::Fast, dq, dk, dv)
+    })?);
+    Ok([("fwd", fwd), ("fwd_bwd", fwd_bwd)])
+}
+
+/// Draft tokens of the tree rows.
+const TREE_DRAFTS: usize = 64;
+
+/// The tree rows: `TREE_DRAFTS` draft tokens in a binary tree (draft `i`'s parent is
+/// `(i − 1) / 2`, the PyTorch side rebuilds it from the parents in the row) after a prefix of
+/// `n` cached keys: queries `[1, 64, H, d]`, keys and values `[1, n + 64, H, d]`.
+fn bench_tree(dev: &Device, reps: usize, n: usize) -> Result<Vec<Value>> {
+    let parents: Vec<i32> = (0..TREE_DRAFTS as i32)
+        .map(|i| if i == 0 { -1 } else { (i - 1) / 2 })
+        .collect();
+    let tree = TreeMask::from_parents(1, TREE_DRAFTS, &parents)?;
+    let params = AttnParams {
+        tree_mask: Some(tree.as_ref()),
+        ..AttnParams::default()
+    };
+    let (q_shape, kv_shape) = ([1, TREE_DRAFTS, H, D], [1, n + TREE_DRAFTS, H, D]);
+    let (q, k, v, d_o) = (
+        tensor(dev, &q_shape, 1)?,
+        tensor(dev, &kv_shape, 2)?,
+        tensor(dev, &kv_shape, 3)?,
+        tensor(dev, &q_shape, 4)?,
+    );
+    let mut o = DeviceTensor::<bf16>::zeros(dev, &q_shape)?;
+    let mut lse = DeviceTensor::<f32>::zeros(dev, &[1, H, TREE_DRAFTS])?;
+    let mut grads = [
+        DeviceTensor::<bf16>::zeros(dev, &q_shape)?,
+        DeviceTensor::<bf16>::zeros(dev, &kv_shape)?,
+        DeviceTensor::<bf16>::zeros(dev, &kv_shape)?,
+    ];
+    let times = time_fwd_and_bwd(
+        dev,
+        reps,
+        [&q, &k, &v, &d_o],
+        &params,
+        &mut o,
+        &mut lse,
+        &mut grads,
+    )?;
+    Ok(times
+        .into_iter()
+        .map(|(op, ms)| {
+            eprintln!("{op:<7} tree{TREE_DRAFTS:<14} n={n:<6} {ms:>9.3} ms");
+            json!({
+                "op": op, "mask": format!("tree{TREE_DRAFTS}"), "dtype": "bf16", "d": D, "h": H,
+                "b": 1, "n": n, "causal": false, "drafts": TREE_DRAFTS, "parents": parents,
+                "ours_ms": ms,
+            })
+        })
+        .collect())
 }
 
 /// Sequence lengths of the varlen rows: drawn from 128–16K (fixed seed), 64K tokens in all

@@ -220,7 +220,9 @@ unsafe fn key_tile<
         let mut pt = AccTile::<1, Q_TILES>::zero();
         mma_abt::<E, 1, Q_TILES, K_STEPS, BM, PITCH>(&mut pt, &warp_keys(smem.k), q, &step_lanes);
         // Masks that modify scores: Sᵀ becomes the logits, and `grad` keeps d logit / d s
-        // for dS (the compiler drops it for the others).
+        // for dS (the compiler drops it for the others). Unlike the forward, the backward
+        // applies the modifier even where it changes nothing (a window alone, see
+        // `AttnParams::kernel_scales`): a block-uniform branch around it costs spills.
         let mut grad = AccTile::<1, Q_TILES>::zero();
         if M::MODIFIES_SCORES {
             let slope = M::slope(&p.mask, batch, head);
@@ -422,7 +424,6 @@ fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize>(
 ) -> Option<(u32, u32)> {
     let dims = &p.dims;
     let group = dims.heads_q / dims.heads_kv;
-    let tiles = dims.seqlen_q.div_ceil(BM as u32);
     let (mut head, mut i) = match after {
         Some((head, i)) => (head, i + 1),
         None => (kv_head * group, 0),
@@ -430,11 +431,8 @@ fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize>(
     while head < (kv_head + 1) * group {
         // SAFETY: the launch's host-validated mask arguments.
         let mask = unsafe { M::new(&p.mask, &block_for(p, batch, kv_head, head)) };
-        while i < tiles {
-            if mask.visits_key_tile(i * BM as u32, BM as u32, n, BN as u32) {
-                return Some((head, i));
-            }
-            i += 1;
+        if let Some(i) = mask.query_tile_at_or_after(i, BM as u32, n, BN as u32) {
+            return Some((head, i));
         }
         head += 1;
         i = 0;

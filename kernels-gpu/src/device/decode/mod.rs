@@ -182,7 +182,7 @@ pub unsafe fn flash_decode<
         let mut s = AccTile::<MT, 2>::zero();
         mma_abt::<E, MT, 2, K_STEPS, DECODE_WARP_KEYS, PITCH>(&mut s, &q, k, &lanes);
         let pos = FragPos::of(ptx::opaque_u32(me.lane));
-        if M::MODIFIES_SCORES {
+        if M::MODIFIES_SCORES && mask.modifies_scores() {
             s.for_each_mut(|mt, r, nt, c, x| {
                 let (t, key) = (tokens.0[mt][r], key0 + pos.col(nt, c));
                 *x = mask.score(t, key, *x, slopes.0[mt][r]);

@@ -184,7 +184,7 @@ impl<
         let mut s = AccTile::<MT, N_TILES>::zero(); // S = Q·Kᵀ: 16·MT × BN per warp
         mma_abt::<E, MT, N_TILES, K_STEPS, BN, PITCH>(&mut s, &self.q, self.kv.k, &lanes);
         let pos = FragPos::of(ptx::opaque_u32(self.lane));
-        if M::MODIFIES_SCORES {
+        if M::MODIFIES_SCORES && self.mask.modifies_scores() {
             let slope = self.mask.block_slope();
             s.map_scores(&self.rows, pos, self.key0, |r, k, x| {
                 self.mask.score(r, k, x, slope)

@@ -14,6 +14,17 @@ pub unsafe fn ex2_approx_ftz(x: f32) -> f32 {
     y
 }
 
+/// `1/x` with the hardware approximation (1 ulp; flushes denormals; `1/∞ = 0`).
+///
+/// # Safety
+/// As [`ex2_approx_ftz`].
+#[inline(always)]
+pub unsafe fn rcp_approx_ftz(x: f32) -> f32 {
+    let y: f32;
+    asm!("rcp.approx.ftz.f32 {y}, {x};", y = out(reg32) y, x = in(reg32) x, options(pure, nomem, nostack));
+    y
+}
+
 /// `log2(x)` with the hardware approximation.
 ///
 /// # Safety
