@@ -114,6 +114,33 @@ pub trait AttnMask: Sized {
     /// by it).
     #[inline(always)]
     fn score_and_grad(&self, row: u32, key: u32, s: f32, slope: f32) -> (f32, f32) {
+        self.score_and_grad_as::<true>(row, key, s, slope)
+    }
+
+    /// Whether the block's score modifier takes its optional branch (the softcap's `tanh`):
+    /// block-uniform, so kernels branch on it once per tile and call
+    /// [`AttnMask::score_as`] with it, leaving no branch in the per-score code.
+    #[inline(always)]
+    fn capped(&self) -> bool {
+        false
+    }
+
+    /// [`AttnMask::score`] with the optional branch decided by the caller (`CAP` =
+    /// [`AttnMask::capped`]).
+    #[inline(always)]
+    fn score_as<const CAP: bool>(&self, row: u32, key: u32, s: f32, slope: f32) -> f32 {
+        self.score(row, key, s, slope)
+    }
+
+    /// [`AttnMask::score_and_grad`] with the optional branch decided by the caller.
+    #[inline(always)]
+    fn score_and_grad_as<const CAP: bool>(
+        &self,
+        row: u32,
+        key: u32,
+        s: f32,
+        slope: f32,
+    ) -> (f32, f32) {
         (self.score(row, key, s, slope), 1.0)
     }
 }
@@ -394,6 +421,8 @@ pub struct ScoredMask {
     pub softcap: f32,
     /// `1 / softcap` (0 without a cap).
     pub inv_softcap: f32,
+    /// `seqlen_k − seqlen_q` in f32: the diagonal of row `i` is key `i + shift`.
+    pub shift: f32,
     /// The ALiBi slope of the block's head (0: none).
     pub slope: f32,
     /// Whether a softcap or ALiBi is on ([`MaskArgs::modifies_scores`]); without them the
@@ -414,15 +443,17 @@ impl ScoredMask {
             } else {
                 0.0
             },
+            shift: (seqlen_k as i64 - seqlen_q as i64) as f32,
             slope: 0.0,
             modifies: args.modifies_scores(),
         }
     }
 
-    /// `cap·tanh(x / cap)` and its derivative `1 − tanh²`, or `(x, 1)` without a cap.
+    /// `cap·tanh(x / cap)` and its derivative `1 − tanh²` when `CAP` (the caller checked
+    /// [`AttnMask::capped`]), else `(x, 1)`.
     #[inline(always)]
-    fn cap(&self, x: f32) -> (f32, f32) {
-        if self.softcap > 0.0 {
+    fn cap<const CAP: bool>(&self, x: f32) -> (f32, f32) {
+        if CAP {
             let t = crate::math::tanh(x * self.inv_softcap);
             (self.softcap * t, 1.0 - t * t)
         } else {
@@ -433,7 +464,7 @@ impl ScoredMask {
     /// `|row + shift − key|` in f32 (exact while the positions stay below 2²⁴).
     #[inline(always)]
     fn distance(&self, row: u32, key: u32) -> f32 {
-        (row as f32 - key as f32 + self.window.shift() as f32).abs()
+        (row as f32 + self.shift - key as f32).abs()
     }
 }
 
@@ -510,13 +541,42 @@ impl AttnMask for ScoredMask {
 
     #[inline(always)]
     fn score(&self, row: u32, key: u32, s: f32, slope: f32) -> f32 {
-        let (x, _) = self.cap(self.scale * s);
-        x - slope * self.distance(row, key)
+        if self.capped() {
+            self.score_as::<true>(row, key, s, slope)
+        } else {
+            self.score_as::<false>(row, key, s, slope)
+        }
     }
 
     #[inline(always)]
     fn score_and_grad(&self, row: u32, key: u32, s: f32, slope: f32) -> (f32, f32) {
-        let (x, dx) = self.cap(self.scale * s);
+        if self.capped() {
+            self.score_and_grad_as::<true>(row, key, s, slope)
+        } else {
+            self.score_and_grad_as::<false>(row, key, s, slope)
+        }
+    }
+
+    #[inline(always)]
+    fn capped(&self) -> bool {
+        self.softcap > 0.0
+    }
+
+    #[inline(always)]
+    fn score_as<const CAP: bool>(&self, row: u32, key: u32, s: f32, slope: f32) -> f32 {
+        let (x, _) = self.cap::<CAP>(self.scale * s);
+        x - slope * self.distance(row, key)
+    }
+
+    #[inline(always)]
+    fn score_and_grad_as<const CAP: bool>(
+        &self,
+        row: u32,
+        key: u32,
+        s: f32,
+        slope: f32,
+    ) -> (f32, f32) {
+        let (x, dx) = self.cap::<CAP>(self.scale * s);
         (x - slope * self.distance(row, key), self.scale * dx)
     }
 }

@@ -560,7 +560,7 @@ registry! {
         64 Masked [flash_bwd_masked_f16_d64, flash_bwd_masked_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
         96 Masked [flash_bwd_masked_f16_d96, flash_bwd_masked_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
         128 Masked [flash_bwd_masked_f16_d128, flash_bwd_masked_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
-        256 Masked [flash_bwd_masked_f16_d256, flash_bwd_masked_bf16_d256] [(2, 2, 32, false), (4, 2, 32, true)];
+        256 Masked [flash_bwd_masked_f16_d256, flash_bwd_masked_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
         32 Sparse [flash_bwd_sparse_f16_d32, flash_bwd_sparse_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
         64 Sparse [flash_bwd_sparse_f16_d64, flash_bwd_sparse_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
         96 Sparse [flash_bwd_sparse_f16_d96, flash_bwd_sparse_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];

@@ -418,6 +418,9 @@ fn forward_with_few_queries_uses_split_kv_correctly() {
         (1usize, 8192usize, 8usize, 1usize, 128usize, false),
         (4, 5000, 4, 2, 100, true),
         (16, 3000, 2, 2, 64, true),
+        (40, 6000, 8, 2, 128, true),
+        (64, 4000, 4, 4, 256, false),
+        (33, 2500, 6, 3, 80, true),
     ] {
         let params = AttnParams {
             causal,

@@ -267,8 +267,10 @@ pub(crate) fn forward_via_decode<T: Element>(
     Ok(true)
 }
 
-/// Queries per sequence up to which [`crate::flash_attn`] considers the split-KV path.
-pub(crate) const FORWARD_DECODE_MAX_Q: usize = 16;
+/// Queries per sequence up to which [`crate::flash_attn`] considers the split-KV path (it
+/// takes it only when the forward kernels' blocks would fill less than half the GPU, see
+/// [`decode_splits`]): 64 covers a typical tree of draft tokens.
+pub(crate) const FORWARD_DECODE_MAX_Q: usize = 64;
 
 /// Merges two attention states over disjoint key sets into the state over their union:
 /// `LSE = log(exp LSE₁ + exp LSE₂)`, `O = exp(LSE₁ − LSE)·O₁ + exp(LSE₂ − LSE)·O₂` (for prefix

@@ -225,16 +225,14 @@ unsafe fn key_tile<
         // `AttnParams::kernel_scales`): a block-uniform branch around it costs spills.
         let mut grad = AccTile::<1, Q_TILES>::zero();
         if M::MODIFIES_SCORES {
+            // One branch per step on the cap, none per score.
             let slope = M::slope(&p.mask, batch, head);
-            pt.for_each_mut(|_, r, nt, c, x| {
-                let (row, key) = (
-                    row0 + pos_s.col(nt, c),
-                    key0 + warp_k0 as u32 + pos_s.row(0, r),
-                );
-                let (logit, g) = mask.score_and_grad(row, key, *x, slope);
-                *x = logit;
-                grad.set(0, r, nt, c, g);
-            });
+            let at = (row0, key0 + warp_k0 as u32, pos_s);
+            if mask.capped() {
+                logits_and_grads::<M, true, Q_TILES>(&mut pt, &mut grad, &mask, slope, at);
+            } else {
+                logits_and_grads::<M, false, Q_TILES>(&mut pt, &mut grad, &mask, slope, at);
+            }
         }
         // Pᵀ; scores the mask hides are zeroed afterwards, only in tiles that cross its edge.
         smem.probabilities(&mut pt, buf, pos_s, p.scale_log2);
@@ -410,6 +408,25 @@ fn block_for(p: &BwdParams, batch: u32, kv_head: u32, head: u32) -> BlockInfo {
         seqlen_q: dims.seqlen_q,
         seqlen_k: dims.seqlen_k,
     }
+}
+
+/// Turns a warp's raw scores Sᵀ (16 keys from `key_base` × the query tile from `row0`) into
+/// the mask's logits and `grad` into their derivatives ([`AttnMask::score_and_grad_as`] with
+/// `CAP`).
+#[inline(always)]
+fn logits_and_grads<M: AttnMask, const CAP: bool, const Q_TILES: usize>(
+    pt: &mut AccTile<1, Q_TILES>,
+    grad: &mut AccTile<1, Q_TILES>,
+    mask: &M,
+    slope: f32,
+    (row0, key_base, pos): (u32, u32, FragPos),
+) {
+    pt.for_each_mut(|_, r, nt, c, x| {
+        let (row, key) = (row0 + pos.col(nt, c), key_base + pos.row(0, r));
+        let (logit, g) = mask.score_and_grad_as::<CAP>(row, key, *x, slope);
+        *x = logit;
+        grad.set(0, r, nt, c, g);
+    });
 }
 
 /// The query tile after `after` (`None`: the first) among those of the KV head's query heads

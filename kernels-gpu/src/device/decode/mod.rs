@@ -183,10 +183,12 @@ pub unsafe fn flash_decode<
         mma_abt::<E, MT, 2, K_STEPS, DECODE_WARP_KEYS, PITCH>(&mut s, &q, k, &lanes);
         let pos = FragPos::of(ptx::opaque_u32(me.lane));
         if M::MODIFIES_SCORES && mask.modifies_scores() {
-            s.for_each_mut(|mt, r, nt, c, x| {
-                let (t, key) = (tokens.0[mt][r], key0 + pos.col(nt, c));
-                *x = mask.score(t, key, *x, slopes.0[mt][r]);
-            });
+            // One branch per step on the cap, none per score.
+            if mask.capped() {
+                modify_scores::<M, true, MT>(&mut s, &mask, (&tokens, &slopes), key0, pos);
+            } else {
+                modify_scores::<M, false, MT>(&mut s, &mask, (&tokens, &slopes), key0, pos);
+            }
         }
         let visible = |mt: usize, r: usize, nt: usize, c: usize| {
             mask.visible(tokens.0[mt][r], key0 + pos.col(nt, c))
@@ -468,4 +470,21 @@ impl Output<'_> {
             }
         }
     }
+}
+
+/// Replaces the step's raw scores by the mask's logits ([`AttnMask::score_as`] with `CAP`):
+/// row `(mt, r)` is token `tokens` of the head whose ALiBi slope is `slopes`, column `(nt, c)`
+/// key `key0 + pos.col(nt, c)`.
+#[inline(always)]
+fn modify_scores<M: AttnMask, const CAP: bool, const MT: usize>(
+    s: &mut AccTile<MT, 2>,
+    mask: &M,
+    (tokens, slopes): (&RowVec<u32, MT>, &RowVec<f32, MT>),
+    key0: u32,
+    pos: FragPos,
+) {
+    s.for_each_mut(|mt, r, nt, c, x| {
+        let key = key0 + pos.col(nt, c);
+        *x = mask.score_as::<CAP>(tokens.0[mt][r], key, *x, slopes.0[mt][r]);
+    });
 }

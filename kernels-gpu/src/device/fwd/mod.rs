@@ -185,10 +185,17 @@ impl<
         mma_abt::<E, MT, N_TILES, K_STEPS, BN, PITCH>(&mut s, &self.q, self.kv.k, &lanes);
         let pos = FragPos::of(ptx::opaque_u32(self.lane));
         if M::MODIFIES_SCORES && self.mask.modifies_scores() {
-            let slope = self.mask.block_slope();
-            s.map_scores(&self.rows, pos, self.key0, |r, k, x| {
-                self.mask.score(r, k, x, slope)
-            });
+            // One branch per tile on the cap, none per score.
+            let (mask, slope) = (self.mask, self.mask.block_slope());
+            if mask.capped() {
+                s.map_scores(&self.rows, pos, self.key0, |r, k, x| {
+                    mask.score_as::<true>(r, k, x, slope)
+                });
+            } else {
+                s.map_scores(&self.rows, pos, self.key0, |r, k, x| {
+                    mask.score_as::<false>(r, k, x, slope)
+                });
+            }
         }
         let visible = |mt: usize, r: usize, nt: usize, c: usize| {
             self.mask
