@@ -77,7 +77,9 @@ def flex_args(row, n):
     if "softcap" in row:
         cap = torch.tensor(row["softcap"], device="cuda", dtype=torch.float32)
         score_mod = lambda score, b, h, q, kv: cap * torch.tanh(score / cap)
-    # At 64K the eager mask evaluation would materialise N × N booleans (32 GiB): compile it.
+    # At 64K the eager mask evaluation would materialise N × N booleans (32 GiB): compile it
+    # (PyTorch 2.11 warns that `_compile` is deprecated in favour of compiling
+    # create_block_mask itself; this is the form the recorded rows ran with).
     bm = create_block_mask(mask_mod, 1, None, n, n, device="cuda", BLOCK_SIZE=128, _compile=n > 16384)
     return bm, score_mod
 
