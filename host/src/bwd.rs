@@ -219,8 +219,7 @@ fn run_backward<T: Element>(
         _ => KernelDType::F16,
     };
     let tile = kernel.tile(dev.arch());
-    let (scale_log2, scale) =
-        params.kernel_scales(d, params.mask_kind() == registry::MaskKind::Masked)?;
+    let (scale_log2, scale) = (params.kernel_scale_log2(d)?, params.kernel_grad_scale(d)?);
     params.check_masks(shape.batch, shape.heads_q)?;
     let inputs: [(&str, &DeviceTensor<T>); 5] =
         [("Q", q), ("K", k), ("V", v), ("O", o), ("dO", d_o)];

@@ -233,30 +233,23 @@ impl<'a> AttnParams<'a> {
         self.softcap.is_some() || self.alibi_slopes.is_some()
     }
 
-    /// The base-2 scale of the softmax of the forward and decode kernels (and of the CPU
-    /// backend): `scale·log2 e`, or `log2 e` when a softcap or ALiBi modifies the scores
-    /// (they carry the scale already).
+    /// The base-2 scale of the kernels' softmax (GPU and CPU): `scale·log2 e`, or `log2 e`
+    /// when a softcap or ALiBi modifies the scores (they carry the scale already).
     pub(crate) fn kernel_scale_log2(&self, head_dim: usize) -> Result<f32> {
-        Ok(self.kernel_scales(head_dim, self.modifies_scores())?.0)
-    }
-
-    /// The factor of dS into dQ and dK of the CPU backward: the softmax scale, or 1 when a
-    /// softcap or ALiBi modifies the scores (the derivative of the scores carries the scale).
-    pub(crate) fn kernel_grad_scale(&self, head_dim: usize) -> Result<f32> {
-        Ok(self.kernel_scales(head_dim, self.modifies_scores())?.1)
-    }
-
-    /// `(scale_log2, grad_scale)` for kernels whose scores carry the softmax scale
-    /// (`scores_scaled`: `(log2 e, 1)`) or not (`(scale·log2 e, scale)`). The GPU backward's
-    /// [`MaskKind::Masked`] kernels always apply the score modifier, a window alone included
-    /// (a branch around it costs them spills), so they take `scores_scaled` = true.
-    pub(crate) fn kernel_scales(&self, head_dim: usize, scores_scaled: bool) -> Result<(f32, f32)> {
-        let (scale, scale_log2) = (self.scale(head_dim)?, self.scale_log2(head_dim)?);
-        Ok(if scores_scaled {
-            (std::f32::consts::LOG2_E, 1.0)
+        let scale_log2 = self.scale_log2(head_dim)?;
+        Ok(if self.modifies_scores() {
+            std::f32::consts::LOG2_E
         } else {
-            (scale_log2, scale)
+            scale_log2
         })
+    }
+
+    /// The factor of dS into dQ and dK in the backward (GPU and CPU): the softmax scale, or 1
+    /// when a softcap or ALiBi modifies the scores (the derivative of the scores carries the
+    /// scale).
+    pub(crate) fn kernel_grad_scale(&self, head_dim: usize) -> Result<f32> {
+        let scale = self.scale(head_dim)?;
+        Ok(if self.modifies_scores() { 1.0 } else { scale })
     }
 }
 

@@ -220,11 +220,10 @@ unsafe fn key_tile<
         let mut pt = AccTile::<1, Q_TILES>::zero();
         mma_abt::<E, 1, Q_TILES, K_STEPS, BM, PITCH>(&mut pt, &warp_keys(smem.k), q, &step_lanes);
         // Masks that modify scores: Sᵀ becomes the logits, and `grad` keeps d logit / d s
-        // for dS (the compiler drops it for the others). Unlike the forward, the backward
-        // applies the modifier even where it changes nothing (a window alone, see
-        // `AttnParams::kernel_scales`): a block-uniform branch around it costs spills.
+        // for dS (the compiler drops it for the others; a window alone modifies nothing).
+        let modifies = M::MODIFIES_SCORES && mask.modifies_scores();
         let mut grad = AccTile::<1, Q_TILES>::zero();
-        if M::MODIFIES_SCORES {
+        if modifies {
             // One branch per step on the cap, none per score.
             let slope = M::slope(&p.mask, batch, head);
             let at = (row0, key0 + warp_k0 as u32, pos_s);
@@ -264,7 +263,7 @@ unsafe fn key_tile<
             ds.for_each_mut(|mt, r, nt, c, x| {
                 let p = pt.get::<E>(mt, r, part * DP_TILES + nt, c);
                 *x = p * (*x - smem.delta(buf, (c0 as u32) + pos_s.col(nt, c)));
-                if M::MODIFIES_SCORES {
+                if modifies {
                     *x *= grad.get(mt, r, part * DP_TILES + nt, c);
                 }
             });
