@@ -132,20 +132,29 @@ fn check_outputs<T: Element>(
     )
 }
 
+impl TreeCase {
+    /// The padded batch of the case (every entry with the longest prefix) and a random tree
+    /// from `rng`, shared or per entry.
+    fn padded(&self, rng: &mut impl Rng) -> (AttnShape, flash_attn::TreeMask) {
+        let prefix = self.prefix.iter().copied().max().unwrap_or(0);
+        let shape = AttnShape {
+            batch: self.batch,
+            seqlen_q: self.drafts,
+            seqlen_k: prefix + self.drafts,
+            heads_q: self.heads.0,
+            heads_kv: self.heads.1,
+            head_dim: self.head_dim,
+        };
+        let entries = if self.shared_tree { 1 } else { self.batch };
+        (shape, random_tree(rng, entries, self.drafts))
+    }
+}
+
 /// The forward over a padded batch whose entries all have the longest prefix.
 fn run_forward<T: Element>(dev: &Device, c: &TreeCase) -> Result<(), String> {
     let err = |e: FlashError| format!("{c:?}: {e}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(c.seed);
-    let prefix = c.prefix.iter().copied().max().unwrap_or(0);
-    let shape = AttnShape {
-        batch: c.batch,
-        seqlen_q: c.drafts,
-        seqlen_k: prefix + c.drafts,
-        heads_q: c.heads.0,
-        heads_kv: c.heads.1,
-        head_dim: c.head_dim,
-    };
-    let tree = random_tree(&mut rng, if c.shared_tree { 1 } else { c.batch }, c.drafts);
+    let (shape, tree) = c.padded(&mut rng);
     let params = AttnParams {
         causal: c.causal,
         tree_mask: Some(tree.as_ref()),
@@ -263,16 +272,7 @@ fn run_decode<T: Element>(dev: &Device, c: &TreeCase) -> Result<(), String> {
 /// against the float64 reference gradients (see `backward_case`), either mode.
 fn run_backward<T: Element>(dev: &Device, c: &TreeCase, mode: BwdMode) -> Result<(), String> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(c.seed ^ 2);
-    let prefix = c.prefix.iter().copied().max().unwrap_or(0);
-    let shape = AttnShape {
-        batch: c.batch,
-        seqlen_q: c.drafts,
-        seqlen_k: prefix + c.drafts,
-        heads_q: c.heads.0,
-        heads_kv: c.heads.1,
-        head_dim: c.head_dim,
-    };
-    let tree = random_tree(&mut rng, if c.shared_tree { 1 } else { c.batch }, c.drafts);
+    let (shape, tree) = c.padded(&mut rng);
     let params = AttnParams {
         causal: c.causal,
         tree_mask: Some(tree.as_ref()),
