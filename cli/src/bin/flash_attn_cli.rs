@@ -65,7 +65,7 @@ SEQUENCES OF DIFFERENT LENGTHS (forward and --backward, safetensors input):
 BLOCK-SPARSE (forward and --backward, safetensors input):
     block_mask (I32, [B or 1, Hq or 1, ceil(Nq/128), ceil(Nk/128)]): nonzero where query block
     i (queries 128·i ..) may see key block j; zero blocks are skipped. Combines with --causal
-    and seqlens_k; not with --window, --softcap, alibi_slopes or a varlen batch.
+    and GQA; not with --window, --softcap, alibi_slopes, seqlens_k or a varlen batch.
 
 TREE MASKS (speculative decoding: forward, --decode and --backward):
     tree_mask (I32, [B or 1, T, T]: nonzero where draft i sees draft t) or tree_parents (I32,
