@@ -15,6 +15,7 @@ use flash_attn::{
     DeviceTensor, Element, FlashError,
 };
 use ndarray::{Array3, Array4, ArrayView4, Ix3, Ix4};
+use rand::rngs::StdRng;
 use rand::SeedableRng;
 use std::sync::OnceLock;
 
@@ -129,6 +130,20 @@ pub fn gpu_cases() -> u32 {
         .unwrap_or(64)
 }
 
+/// Fresh Q, K, V of `shape` from `seed` (sized for `params`' softmax scale), and the
+/// generator for whatever the case draws next.
+fn seeded_qkv<T: Element>(
+    seed: u64,
+    shape: &AttnShape,
+    params: &AttnParams,
+    magnitude: Magnitude,
+) -> Result<(StdRng, [Array4<T>; 3]), FlashError> {
+    let scale = params.scale(shape.head_dim)?;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (q, k, v) = random_qkv::<T>(&mut rng, shape, magnitude, scale);
+    Ok((rng, [q, k, v]))
+}
+
 /// One forward case: fresh inputs of `shape` (seeded), uploaded in `layout`, NaN-poisoned
 /// outputs, `flash_attn_into` with `params`, and the accuracy rule of [`check_accuracy`]
 /// against the float64 reference and the naive implementation in `T`. With
@@ -142,9 +157,7 @@ pub fn forward_case<T: Element>(
     layout: Layout,
 ) -> Result<(), String> {
     let err = |e: FlashError| format!("{shape:?} {params:?}: {e}");
-    let scale = params.scale(shape.head_dim).map_err(err)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
+    let (_, [q, k, v]) = seeded_qkv::<T>(seed, &shape, params, magnitude).map_err(err)?;
     let up = |a: &Array4<T>| upload(dev, a.view(), layout);
     let (qd, kd, vd) = (up(&q), up(&k), up(&v));
     let mut o = DeviceTensor::<T>::zeros(dev, &shape.q_dims()).map_err(err)?;
@@ -188,9 +201,7 @@ pub fn backward_case<T: Element>(
     mode: BwdMode,
 ) -> Result<(), String> {
     let err = |e: FlashError| format!("{shape:?} {params:?}: {e}");
-    let scale = params.scale(shape.head_dim).map_err(err)?;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let (q, k, v) = random_qkv::<T>(&mut rng, &shape, magnitude, scale);
+    let (mut rng, [q, k, v]) = seeded_qkv::<T>(seed, &shape, params, magnitude).map_err(err)?;
     let d_o = random_array::<T>(&mut rng, shape.q_dims(), 1.0);
     let up = |a: &Array4<T>| upload(dev, a.view(), layout);
     let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
