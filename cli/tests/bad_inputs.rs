@@ -117,6 +117,20 @@ fn qkvdo_file(do_shape: &[usize], do_dtype: Dtype) -> Vec<u8> {
     ])
 }
 
+/// A packed varlen batch in f16: q and do `[12, 2, 16]`, k and v `[10, 1, 16]` and the I32
+/// `cu_seqlens_q` = [0, 5, 12], `cu_seqlens_k` = [0, 4, 10].
+fn varlen_file() -> Vec<u8> {
+    let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    safetensors(&[
+        ("q", Dtype::F16, &[12, 2, 16], f16_bytes(12 * 32, 1)),
+        ("k", Dtype::F16, &[10, 1, 16], f16_bytes(10 * 16, 2)),
+        ("v", Dtype::F16, &[10, 1, 16], f16_bytes(10 * 16, 3)),
+        ("do", Dtype::F16, &[12, 2, 16], f16_bytes(12 * 32, 4)),
+        ("cu_seqlens_q", Dtype::I32, &[3], ints(&[0, 5, 12])),
+        ("cu_seqlens_k", Dtype::I32, &[3], ints(&[0, 4, 10])),
+    ])
+}
+
 /// A .npy file: format `version`, header dict `dict` (padded to 64 bytes), then `data`.
 fn npy(version: u8, dict: &str, data: &[u8]) -> Vec<u8> {
     let prefix = if version == 1 { 10 } else { 12 };
@@ -819,6 +833,150 @@ fn rows() -> Vec<Row> {
             |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::F16)),
             &["bwd.safetensors", "--backward", "--deterministic", "--cpu"],
             Succeeds("backend: CPU (--cpu)"),
+        ),
+        // --- dropout ---
+        bad(
+            "--dropout 1",
+            none,
+            &[st, "--cpu", "--dropout", "1"],
+            "`1` is not a dropout probability in [0, 1)",
+        ),
+        bad(
+            "--dropout -0.1",
+            none,
+            &[st, "--cpu", "--dropout", "-0.1"],
+            "`-0.1` is not a dropout probability in [0, 1)",
+        ),
+        bad(
+            "--dropout nan",
+            none,
+            &[st, "--cpu", "--dropout", "nan"],
+            "`nan` is not a dropout probability in [0, 1)",
+        ),
+        bad(
+            "--dropout inf",
+            none,
+            &[st, "--cpu", "--dropout", "inf"],
+            "`inf` is not a dropout probability in [0, 1)",
+        ),
+        bad(
+            "--dropout not a number",
+            none,
+            &[st, "--cpu", "--dropout", "half"],
+            "`half` is not a dropout probability",
+        ),
+        bad(
+            "--dropout without value",
+            none,
+            &[st, "--cpu", "--dropout"],
+            "a value is required",
+        ),
+        bad(
+            "--seed without --dropout",
+            none,
+            &[st, "--cpu", "--seed", "1"],
+            "--dropout <P>",
+        ),
+        bad(
+            "--offset without --dropout",
+            none,
+            &[st, "--cpu", "--offset", "1"],
+            "--dropout <P>",
+        ),
+        bad(
+            "--return-dropout-mask without --dropout",
+            none,
+            &[st, "--cpu", "--return-dropout-mask"],
+            "--dropout <P>",
+        ),
+        bad(
+            "--seed not a u64",
+            none,
+            &[st, "--cpu", "--dropout", "0.1", "--seed", "1.5"],
+            "invalid value '1.5' for '--seed <S>'",
+        ),
+        bad(
+            "--seed negative",
+            none,
+            &[st, "--cpu", "--dropout", "0.1", "--seed", "-1"],
+            "unexpected argument '-1'",
+        ),
+        bad(
+            "--decode --dropout",
+            none,
+            &[st, "--decode", "--cpu", "--dropout", "0.1"],
+            "'--decode' cannot be used with '--dropout <P>'",
+        ),
+        bad(
+            "--decode --return-dropout-mask",
+            none,
+            &[st, "--decode", "--dropout", "0.1", "--return-dropout-mask"],
+            "cannot be used with",
+        ),
+        bad(
+            "--return-dropout-mask with a varlen batch",
+            |d| d.write("varlen.safetensors", &varlen_file()),
+            &[
+                "varlen.safetensors",
+                "--cpu",
+                "--dropout",
+                "0.1",
+                "--return-dropout-mask",
+            ],
+            "--return-dropout-mask writes the mask of a padded batch, [B, Hq, Nq, Nk]; it is not supported with a varlen batch",
+        ),
+        bad(
+            "--backward --return-dropout-mask with a varlen batch",
+            |d| d.write("varlen.safetensors", &varlen_file()),
+            &[
+                "varlen.safetensors",
+                "--backward",
+                "--dropout",
+                "0.1",
+                "--return-dropout-mask",
+            ],
+            "not supported with a varlen batch",
+        ),
+        row(
+            "a varlen batch takes dropout",
+            |d| d.write("varlen.safetensors", &varlen_file()),
+            &["varlen.safetensors", "--cpu", "--dropout", "0.1"],
+            Succeeds("dropout 0.1 (seed 0, offset 0)"),
+        ),
+        row(
+            "dropout with its mask",
+            none,
+            &[
+                st,
+                "--cpu",
+                "--dropout",
+                "0.5",
+                "--seed",
+                "3",
+                "--offset",
+                "18446744073709551615",
+                "--return-dropout-mask",
+            ],
+            Succeeds("dropout 0.5 (seed 3, offset 18446744073709551615)"),
+        ),
+        row(
+            "--backward with dropout and its mask",
+            |d| d.write("bwd.safetensors", &qkvdo_file(&SHAPE, Dtype::F16)),
+            &[
+                "bwd.safetensors",
+                "--backward",
+                "--cpu",
+                "--dropout",
+                "0.1",
+                "--return-dropout-mask",
+            ],
+            Succeeds("F16 dropout 0.1 (seed 0, offset 0)"),
+        ),
+        row(
+            "--dropout 0 is no dropout",
+            none,
+            &[st, "--cpu", "--dropout", "0"],
+            Succeeds("wrote out.safetensors"),
         ),
         // --- documented results ---
         row(

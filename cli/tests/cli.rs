@@ -1058,3 +1058,542 @@ fn decode_input_errors() {
     decode_fails(&good, &["--num-splits", "200"], &["--num-splits"]);
     decode_fails(&good, &["--scale", "inf"], &["--scale"]);
 }
+
+// --- attention dropout ---
+
+/// Tensor `name` of the CLI's output as written: dtype, shape and little-endian bytes; `None`
+/// when the file has no such tensor.
+fn raw_tensor(path: &Path, name: &str) -> Option<(Dtype, Vec<usize>, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).ok()?;
+    Some((t.dtype(), t.shape().to_vec(), t.data().to_vec()))
+}
+
+/// The output's `rng_state` (I64 `[2]`), or `None` when it has none.
+fn rng_state(path: &Path) -> Option<[i64; 2]> {
+    let (dtype, shape, data) = raw_tensor(path, "rng_state")?;
+    assert_eq!(
+        (dtype, shape.as_slice()),
+        (Dtype::I64, &[2][..]),
+        "rng_state"
+    );
+    let word = |i: usize| i64::from_le_bytes(data[8 * i..8 * i + 8].try_into().unwrap());
+    Some([word(0), word(1)])
+}
+
+/// The output's `dropout_mask`, checked to be U8 `dims` of zeros and ones.
+fn dropout_mask_of(path: &Path, dims: [usize; 4]) -> Array4<u8> {
+    let (dtype, shape, data) = raw_tensor(path, "dropout_mask").expect("no dropout_mask");
+    assert_eq!(dtype, Dtype::U8, "dropout_mask dtype");
+    assert_eq!(shape, dims, "dropout_mask shape");
+    assert!(
+        data.iter().all(|&z| z <= 1),
+        "dropout_mask holds 0 and 1 only"
+    );
+    Array4::from_shape_vec(dims, data).unwrap()
+}
+
+/// Writes `qkv` (and `do`, and `seqlens_k` when given) to `path`.
+fn write_dropout_input<T: Elem>(
+    path: &Path,
+    qkv: &Qkv<T>,
+    d_o: Option<&Array4<T>>,
+    seqlens_k: Option<&[i32]>,
+) {
+    let float =
+        |name: &str, a: &Array4<T>| (name.to_string(), T::DTYPE, a.shape().to_vec(), bytes_of(a));
+    let mut tensors = vec![float("q", &qkv.q), float("k", &qkv.k), float("v", &qkv.v)];
+    if let Some(d_o) = d_o {
+        tensors.push(float("do", d_o));
+    }
+    if let Some(lens) = seqlens_k {
+        let bytes = lens.iter().flat_map(|x| x.to_le_bytes()).collect();
+        tensors.push(("seqlens_k".into(), Dtype::I32, vec![lens.len()], bytes));
+    }
+    write_raw(path, &tensors);
+}
+
+/// Attention with a given dropout mask, in f64: forward and (with dO) backward.
+struct DropoutRef {
+    o: Array4<f64>,
+    lse: Array3<f64>,
+    /// dQ, dK, dV, with dO.
+    grads: Option<[Array4<f64>; 3]>,
+}
+
+/// The float64 reference of attention with dropout, written here from the definition: per
+/// (batch entry b, query head h), query i sees keys j < Nk_b (`lens[b]`, else Nk) and, when
+/// causal, j ≤ i + Nk_b − Nq; P = softmax(scale·q·kᵀ) over them (LSE before dropout);
+/// O = (P ∘ Z)·V/(1 − p) with Z = `z[b, h]`. The backward differentiates exactly that:
+/// dV = (P ∘ Z)ᵀ·dO/(1 − p), G = (dO·Vᵀ) ∘ Z/(1 − p), dS = P ∘ (G − rowsum(dO ∘ O)),
+/// dQ = scale·dS·K, dK = scale·dSᵀ·Q (dK and dV summed over the query heads of a KV head).
+#[allow(clippy::too_many_arguments)]
+fn dropout_reference(
+    [q, k, v]: [&Array4<f64>; 3],
+    d_o: Option<&Array4<f64>>,
+    z: &Array4<u8>,
+    p: f64,
+    scale: f64,
+    causal: bool,
+    lens: Option<&[i32]>,
+) -> DropoutRef {
+    let (batch, nq, hq, d) = q.dim();
+    let (_, nk, hkv, _) = k.dim();
+    let keep = 1.0 / (1.0 - p);
+    let mut o = Array4::<f64>::zeros((batch, nq, hq, d));
+    let mut lse = Array3::<f64>::from_elem((batch, hq, nq), f64::NEG_INFINITY);
+    let mut dq = Array4::<f64>::zeros(q.dim());
+    let mut dk = Array4::<f64>::zeros(k.dim());
+    let mut dv = Array4::<f64>::zeros(v.dim());
+    let dot = |a: ndarray::ArrayView1<f64>, b: ndarray::ArrayView1<f64>| a.dot(&b);
+    for b in 0..batch {
+        let nk_b = lens.map_or(nk, |l| l[b] as usize);
+        for h in 0..hq {
+            let kv = h / (hq / hkv);
+            for i in 0..nq {
+                let seen: Vec<usize> = (0..nk_b)
+                    .filter(|&j| !causal || j as isize <= i as isize + nk_b as isize - nq as isize)
+                    .collect();
+                if seen.is_empty() {
+                    continue;
+                }
+                let qi = q.slice(s![b, i, h, ..]);
+                let scores: Vec<f64> = seen
+                    .iter()
+                    .map(|&j| scale * dot(qi, k.slice(s![b, j, kv, ..])))
+                    .collect();
+                let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                let row_lse = max + sum.ln();
+                lse[[b, h, i]] = row_lse;
+                let probs: Vec<f64> = scores.iter().map(|s| (s - row_lse).exp()).collect();
+                let dropped: Vec<f64> = seen
+                    .iter()
+                    .zip(&probs)
+                    .map(|(&j, &pr)| pr * f64::from(z[[b, h, i, j]]) * keep)
+                    .collect();
+                for (&j, &pd) in seen.iter().zip(&dropped) {
+                    let mut oi = o.slice_mut(s![b, i, h, ..]);
+                    oi.scaled_add(pd, &v.slice(s![b, j, kv, ..]));
+                }
+                let Some(d_o) = d_o else { continue };
+                let doi = d_o.slice(s![b, i, h, ..]);
+                let row_d = dot(doi, o.slice(s![b, i, h, ..]));
+                for ((&j, &pr), &pd) in seen.iter().zip(&probs).zip(&dropped) {
+                    dv.slice_mut(s![b, j, kv, ..]).scaled_add(pd, &doi);
+                    let g = dot(doi, v.slice(s![b, j, kv, ..])) * f64::from(z[[b, h, i, j]]) * keep;
+                    let ds = pr * (g - row_d);
+                    dq.slice_mut(s![b, i, h, ..])
+                        .scaled_add(scale * ds, &k.slice(s![b, j, kv, ..]));
+                    dk.slice_mut(s![b, j, kv, ..]).scaled_add(scale * ds, &qi);
+                }
+            }
+        }
+    }
+    DropoutRef {
+        o,
+        lse,
+        grads: d_o.map(|_| [dq, dk, dv]),
+    }
+}
+
+/// max |a − b| over two arrays of one shape (equal infinities count as 0).
+fn max_abs_diff(a: &ArrayD<f64>, b: &ArrayD<f64>) -> f64 {
+    assert_eq!(a.shape(), b.shape());
+    a.iter().zip(b).fold(0.0, |m, (&x, &y)| {
+        if x.is_infinite() || y.is_infinite() {
+            assert_eq!(x, y, "infinities must match");
+            m
+        } else {
+            m.max((x - y).abs())
+        }
+    })
+}
+
+/// With P > 0 the output holds `rng_state` = (seed, offset) as I64 and the metadata
+/// `dropout`, `seed`, `offset`; without dropout it holds neither, and `dropout` = none.
+#[test]
+fn dropout_writes_rng_state_and_metadata() {
+    let dir = TempDir::new("dropout-meta");
+    let qkv = random_qkv::<f16>(2, 9, 12, 4, 2, 16);
+    let (input, output) = (dir.path("in.safetensors"), dir.path("out.safetensors"));
+    write_safetensors(&input, &[("q", &qkv.q), ("k", &qkv.k), ("v", &qkv.v)]);
+    let (inp, out) = (input.to_str().unwrap(), output.to_str().unwrap());
+    let stderr = run_ok(&[
+        inp,
+        "--cpu",
+        "--dropout",
+        "0.2",
+        "--seed",
+        "7",
+        "--offset",
+        "11",
+        "-o",
+        out,
+    ]);
+    assert!(
+        stderr.contains("dropout 0.2 (seed 7, offset 11)"),
+        "{stderr}"
+    );
+    assert_eq!(rng_state(&output), Some([7, 11]));
+    assert!(raw_tensor(&output, "dropout_mask").is_none());
+    let meta = output_metadata(&output);
+    let get = |k: &str| meta.get(k).map(String::as_str);
+    assert_eq!(
+        (get("dropout"), get("seed"), get("offset")),
+        (Some("0.2"), Some("7"), Some("11"))
+    );
+    let (o, lse) = read_output::<f16>(&output);
+    assert_eq!(
+        (o.shape(), lse.shape()),
+        (&[2, 9, 4, 16][..], &[2, 4, 9][..])
+    );
+
+    // The defaults are seed 0 and offset 0; a u64 beyond i64 keeps its bits in the I64 state.
+    run_ok(&[inp, "--cpu", "--dropout", "0.5", "-o", out]);
+    assert_eq!(rng_state(&output), Some([0, 0]));
+    let meta = output_metadata(&output);
+    assert_eq!(meta.get("seed").map(String::as_str), Some("0"));
+    let big = u64::MAX.to_string();
+    run_ok(&[inp, "--cpu", "--dropout", "0.5", "--seed", &big, "-o", out]);
+    assert_eq!(rng_state(&output), Some([-1, 0]));
+    assert_eq!(output_metadata(&output).get("seed"), Some(&big));
+
+    // No dropout: no rng_state, `dropout` = none and no seed or offset.
+    run_ok(&[inp, "--cpu", "-o", out]);
+    assert_eq!(rng_state(&output), None);
+    let meta = output_metadata(&output);
+    assert_eq!(meta.get("dropout").map(String::as_str), Some("none"));
+    assert!(!meta.contains_key("seed") && !meta.contains_key("offset"));
+}
+
+/// One seed and offset draw one mask (the same O twice, bit for bit); another offset or
+/// seed draws another.
+#[test]
+fn dropout_is_reproducible_and_keyed_by_seed_and_offset() {
+    let dir = TempDir::new("dropout-seed");
+    let qkv = random_qkv::<bf16>(1, 33, 40, 2, 1, 32);
+    let input = dir.path("in.safetensors");
+    write_safetensors(&input, &[("q", &qkv.q), ("k", &qkv.k), ("v", &qkv.v)]);
+    let o_of = |seed: &str, offset: &str, name: &str| {
+        let output = dir.path(name);
+        run_ok(&[
+            input.to_str().unwrap(),
+            "--cpu",
+            "--causal",
+            "--dropout",
+            "0.25",
+            "--seed",
+            seed,
+            "--offset",
+            offset,
+            "-o",
+            output.to_str().unwrap(),
+        ]);
+        raw_tensor(&output, "o").unwrap().2
+    };
+    let first = o_of("42", "3", "a.safetensors");
+    assert_eq!(
+        first,
+        o_of("42", "3", "b.safetensors"),
+        "same seed and offset"
+    );
+    assert_ne!(first, o_of("42", "4", "c.safetensors"), "another offset");
+    assert_ne!(first, o_of("43", "3", "d.safetensors"), "another seed");
+}
+
+/// `--dropout 0` is no dropout: the same O and LSE bit for bit, no `rng_state`, `dropout` =
+/// none; its `--return-dropout-mask` keeps everything.
+#[test]
+fn dropout_zero_is_no_dropout() {
+    let dir = TempDir::new("dropout-zero");
+    let qkv = random_qkv::<f16>(2, 17, 17, 2, 2, 24);
+    let d_o = random4::<f16>([2, 17, 2, 24], 5);
+    let input = dir.path("in.safetensors");
+    write_dropout_input(&input, &qkv, Some(&d_o), None);
+    for backward in [false, true] {
+        let run_with = |extra: &[&str], name: &str| {
+            let output = dir.path(name);
+            let mut args = vec![input.to_str().unwrap(), "--cpu", "-o"];
+            args.push(output.to_str().unwrap());
+            if backward {
+                args.push("--backward");
+            }
+            args.extend_from_slice(extra);
+            run_ok(&args);
+            output
+        };
+        let plain = run_with(&[], "plain.safetensors");
+        let zero = run_with(&["--dropout", "0", "--seed", "9"], "zero.safetensors");
+        let names: &[&str] = if backward {
+            &["o", "lse", "dq", "dk", "dv"]
+        } else {
+            &["o", "lse"]
+        };
+        for name in names {
+            assert_eq!(
+                raw_tensor(&plain, name),
+                raw_tensor(&zero, name),
+                "{name} (backward: {backward})"
+            );
+        }
+        assert_eq!(rng_state(&zero), None);
+        let meta = output_metadata(&zero);
+        assert_eq!(meta.get("dropout").map(String::as_str), Some("none"));
+        let with_mask = run_with(
+            &["--dropout", "-0", "--return-dropout-mask"],
+            "mask.safetensors",
+        );
+        let mask = dropout_mask_of(&with_mask, [2, 2, 17, 17]);
+        assert!(mask.iter().all(|&z| z == 1), "P = 0 keeps everything");
+        assert_eq!(raw_tensor(&with_mask, "o"), raw_tensor(&plain, "o"));
+    }
+}
+
+/// `--return-dropout-mask` writes the mask the forward applied: O (f32, CPU backend) equals
+/// the float64 reference computed here from Q, K, V and that mask within 1e-5, the LSE is
+/// the one before dropout, and the mask is the library's `cpu::dropout_mask` of the seed and
+/// offset. GQA, causal or not, Nq ≠ Nk.
+#[test]
+fn dropout_mask_reproduces_the_forward() {
+    let dir = TempDir::new("dropout-mask");
+    let (b, nq, nk, hq, hkv, d) = (2, 19, 26, 4, 2, 16);
+    let qkv = random_qkv::<f32>(b, nq, nk, hq, hkv, d);
+    let input = dir.path("in.safetensors");
+    write_safetensors(&input, &[("q", &qkv.q), ("k", &qkv.k), ("v", &qkv.v)]);
+    let up = |a: &Array4<f32>| a.mapv(f64::from);
+    let (q, k, v) = (up(&qkv.q), up(&qkv.k), up(&qkv.v));
+    for (causal, p, seed, offset) in [(false, 0.3, "5", "0"), (true, 0.6, "123456789", "77")] {
+        let output = dir.path("out.safetensors");
+        let p_text = p.to_string();
+        let mut args = vec![
+            input.to_str().unwrap(),
+            "--dropout",
+            &p_text,
+            "--seed",
+            seed,
+            "--offset",
+            offset,
+            "--return-dropout-mask",
+            "--scale",
+            "0.4",
+            "-o",
+            output.to_str().unwrap(),
+        ];
+        if causal {
+            args.push("--causal");
+        }
+        let stderr = run_ok(&args);
+        assert!(stderr.contains("backend: CPU (f32"), "{stderr}");
+        let z = dropout_mask_of(&output, [b, hq, nq, nk]);
+        let dropout =
+            flash_attn::Dropout::new(p as f32, seed.parse().unwrap(), offset.parse().unwrap());
+        let library = flash_attn::cpu::dropout_mask(b, hq, nq, nk, &dropout).unwrap();
+        assert_eq!(z, library, "the mask of the seed and offset");
+        let dropped = z.iter().filter(|&&x| x == 0).count() as f64 / z.len() as f64;
+        assert!((dropped - p).abs() < 0.08, "dropped {dropped}, p = {p}");
+        let want = dropout_reference(
+            [&q, &k, &v],
+            None,
+            &z,
+            f64::from(p as f32),
+            0.4f32.into(),
+            causal,
+            None,
+        );
+        let (o, lse) = read_output::<f32>(&output);
+        let o_err = max_abs_diff(&o, &want.o.into_dyn());
+        let lse_err = max_abs_diff(&lse, &want.lse.into_dyn());
+        assert!(o_err <= 1e-5, "causal {causal}: max |O - ref| = {o_err}");
+        assert!(
+            lse_err <= 1e-5,
+            "causal {causal}: max |LSE - ref| = {lse_err}"
+        );
+    }
+}
+
+/// `--backward` with dropout regenerates the forward's mask: O, dQ, dK and dV (f32, CPU
+/// backend) equal the float64 reference computed here from the returned mask.
+#[test]
+fn dropout_backward_matches_the_mask() {
+    let dir = TempDir::new("dropout-bwd");
+    let (b, nq, nk, hq, hkv, d) = (1, 21, 15, 4, 1, 8);
+    let qkv = random_qkv::<f32>(b, nq, nk, hq, hkv, d);
+    let d_o = random4::<f32>([b, nq, hq, d], 6);
+    let input = dir.path("in.safetensors");
+    write_dropout_input(&input, &qkv, Some(&d_o), None);
+    let up = |a: &Array4<f32>| a.mapv(f64::from);
+    let (q, k, v, g) = (up(&qkv.q), up(&qkv.k), up(&qkv.v), up(&d_o));
+    for causal in [false, true] {
+        let output = dir.path("grads.safetensors");
+        let mut args = vec![
+            input.to_str().unwrap(),
+            "--backward",
+            "--dropout",
+            "0.4",
+            "--seed",
+            "2024",
+            "--offset",
+            "1",
+            "--return-dropout-mask",
+            "-o",
+            output.to_str().unwrap(),
+        ];
+        if causal {
+            args.push("--causal");
+        }
+        run_ok(&args);
+        assert_eq!(rng_state(&output), Some([2024, 1]));
+        let z = dropout_mask_of(&output, [b, hq, nq, nk]);
+        assert!(z.iter().any(|&x| x == 0) && z.iter().any(|&x| x == 1));
+        let scale = 1.0 / f64::from((d as f32).sqrt());
+        let want = dropout_reference(
+            [&q, &k, &v],
+            Some(&g),
+            &z,
+            f64::from(0.4f32),
+            scale,
+            causal,
+            None,
+        );
+        let o = read_tensor::<f32>(&output, "o", Dtype::F32);
+        let o_err = max_abs_diff(&o, &want.o.into_dyn());
+        assert!(o_err <= 1e-5, "causal {causal}: max |O - ref| = {o_err}");
+        let [dq, dk, dv] = want.grads.unwrap();
+        for (name, want) in [("dq", dq), ("dk", dk), ("dv", dv)] {
+            let got = read_tensor::<f32>(&output, name, Dtype::F32);
+            let err = max_abs_diff(&got, &want.into_dyn());
+            assert!(err <= 1e-5, "causal {causal}: max |{name} - ref| = {err}");
+        }
+    }
+}
+
+/// With key padding (`seqlens_k`) the mask is the padded batch's, `[B, Hq, Nq, Nk]`, and O
+/// equals the reference in which entry b sees its first seqlens_k[b] keys.
+#[test]
+fn dropout_mask_with_key_padding() {
+    let dir = TempDir::new("dropout-padding");
+    let (b, nq, nk, hq, hkv, d) = (3, 10, 20, 2, 2, 16);
+    let qkv = random_qkv::<f32>(b, nq, nk, hq, hkv, d);
+    let lens = [20, 7, 0];
+    let input = dir.path("in.safetensors");
+    write_dropout_input(&input, &qkv, None, Some(&lens));
+    let output = dir.path("out.safetensors");
+    run_ok(&[
+        input.to_str().unwrap(),
+        "--causal",
+        "--dropout",
+        "0.5",
+        "--seed",
+        "1",
+        "--return-dropout-mask",
+        "-o",
+        output.to_str().unwrap(),
+    ]);
+    let z = dropout_mask_of(&output, [b, hq, nq, nk]);
+    let up = |a: &Array4<f32>| a.mapv(f64::from);
+    let scale = 1.0 / f64::from((d as f32).sqrt());
+    let want = dropout_reference(
+        [&up(&qkv.q), &up(&qkv.k), &up(&qkv.v)],
+        None,
+        &z,
+        0.5,
+        scale,
+        true,
+        Some(&lens),
+    );
+    let (o, lse) = read_output::<f32>(&output);
+    assert!(max_abs_diff(&o, &want.o.into_dyn()) <= 1e-5);
+    assert!(max_abs_diff(&lse, &want.lse.into_dyn()) <= 1e-5);
+    assert_eq!(
+        output_metadata(&output)
+            .get("seqlens_k")
+            .map(String::as_str),
+        Some("true")
+    );
+}
+
+/// A varlen batch takes dropout (not `--return-dropout-mask`): the CLI's O and gradients are
+/// the library's varlen CPU passes with the same dropout, bit for bit.
+#[test]
+fn dropout_with_a_varlen_batch_is_the_librarys() {
+    let dir = TempDir::new("dropout-varlen");
+    let (cu_q, cu_k) = (vec![0, 5, 5, 17], vec![0, 9, 12, 30]);
+    let (hq, hkv, d) = (2, 1, 16);
+    let q3 = random4::<f32>([1, 17, hq, d], 21).index_axis_move(ndarray::Axis(0), 0);
+    let k3 = random4::<f32>([1, 30, hkv, d], 22).index_axis_move(ndarray::Axis(0), 0);
+    let v3 = random4::<f32>([1, 30, hkv, d], 23).index_axis_move(ndarray::Axis(0), 0);
+    let do3 = random4::<f32>([1, 17, hq, d], 24).index_axis_move(ndarray::Axis(0), 0);
+    let float = |name: &str, a: &Array3<f32>| {
+        let bytes = a.iter().flat_map(|x| x.to_le_bytes()).collect();
+        (name.to_string(), Dtype::F32, a.shape().to_vec(), bytes)
+    };
+    let ints = |name: &str, v: &[i32]| {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        (name.to_string(), Dtype::I32, vec![v.len()], bytes)
+    };
+    let input = dir.path("in.safetensors");
+    write_raw(
+        &input,
+        &[
+            float("q", &q3),
+            float("k", &k3),
+            float("v", &v3),
+            float("do", &do3),
+            ints("cu_seqlens_q", &cu_q),
+            ints("cu_seqlens_k", &cu_k),
+        ],
+    );
+    let output = dir.path("out.safetensors");
+    run_ok(&[
+        input.to_str().unwrap(),
+        "--backward",
+        "--causal",
+        "--dropout",
+        "0.3",
+        "--seed",
+        "8",
+        "--offset",
+        "2",
+        "-o",
+        output.to_str().unwrap(),
+    ]);
+    assert_eq!(rng_state(&output), Some([8, 2]));
+    let params = AttnParams {
+        causal: true,
+        dropout: Some(flash_attn::Dropout::new(0.3, 8, 2)),
+        ..AttnParams::default()
+    };
+    let (o, lse) = flash_attn::cpu::attention_varlen_cpu(
+        q3.view(),
+        k3.view(),
+        v3.view(),
+        (&cu_q, &cu_k),
+        &params,
+    )
+    .unwrap();
+    let (dq, dk, dv) = flash_attn::cpu::attention_varlen_backward_cpu(
+        q3.view(),
+        k3.view(),
+        v3.view(),
+        o.view(),
+        do3.view(),
+        lse.view(),
+        (&cu_q, &cu_k),
+        &params,
+    )
+    .unwrap();
+    let wide = |a: &Array3<f32>| a.mapv(f64::from).into_dyn();
+    let expected = [
+        ("o", wide(&o)),
+        ("lse", lse.mapv(f64::from).into_dyn()),
+        ("dq", wide(&dq)),
+        ("dk", wide(&dk)),
+        ("dv", wide(&dv)),
+    ];
+    for (name, want) in expected {
+        let got = read_tensor::<f32>(&output, name, Dtype::F32);
+        assert_eq!(got, want, "{name}");
+    }
+}

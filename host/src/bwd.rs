@@ -213,7 +213,9 @@ fn run_backward<T: Element>(
     [dq, dk, dv]: [&mut DeviceTensor<T>; 3],
 ) -> Result<()> {
     let d = shape.head_dim;
-    let kernel = registry::bwd_kernel(d, params.mask_kind()).ok_or(FlashError::HeadDim(d))?;
+    let dropout = params.active_dropout()?;
+    let kernel = registry::bwd_kernel(d, params.mask_kind(), dropout.is_some())
+        .ok_or(FlashError::HeadDim(d))?;
     let dtype = match T::DTYPE {
         DType::BF16 => KernelDType::Bf16,
         _ => KernelDType::F16,
@@ -297,6 +299,7 @@ fn run_backward<T: Element>(
         dq_split_stride: 0,
         dq_splits: 1,
         reserved: 0,
+        dropout: Default::default(),
     };
     let threads = BWD_AUX_THREADS as u32;
     // Accumulators of earlier runs, freed in stream order after the launches that use them.
@@ -352,6 +355,7 @@ fn run_backward<T: Element>(
                 BwdMode::Deterministic => one_accum as u64,
             },
             dq_splits: splits as u32,
+            dropout: run.dropout(dropout),
             ..base
         };
         let aux_grid = bwd_aux_grid(run.count * len_q, hq, padded_d);

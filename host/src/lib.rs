@@ -35,8 +35,10 @@ pub use decode::{
 pub use device::{device_count, Device};
 pub use dtype::{DType, Element};
 pub use error::{FlashError, Result};
-pub use fwd::{flash_attn, flash_attn_into, flash_attn_varlen, flash_attn_varlen_into};
-pub use params::AttnParams;
+pub use fwd::{
+    flash_attn, flash_attn_dropout_mask, flash_attn_into, flash_attn_varlen, flash_attn_varlen_into,
+};
+pub use params::{AttnParams, Dropout, DropoutSeed};
 pub use seqs::{HostVarlen, Varlen};
 pub use sparse::BlockMask;
 pub use tensor::DeviceTensor;

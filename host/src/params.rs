@@ -56,6 +56,59 @@ pub struct AttnParams<'a> {
     /// takes it too, the GPU backward does not (a typed error). Not with a window, softcap,
     /// ALiBi, block mask, key padding or varlen batch.
     pub tree_mask: Option<crate::tree::TreeMaskRef<'a>>,
+    /// Attention dropout (the FlashAttention paper's Algorithms 2 and 4): each probability of
+    /// the softmax is dropped with probability `p` and the kept ones are scaled by
+    /// `1/(1 − p)`; the LSE is that of the softmax before dropout. The mask is drawn from
+    /// Philox 4×32-10 keyed by the seed and offset and counted by (sequence, query head, query,
+    /// key) (see [`flash_attn_kernels::rng`]): every backend and path draws the same mask,
+    /// whatever the tile sizes, split counts or GPU. The forward keeps no mask: its RNG state
+    /// is `(seed, offset)`, which these options already hold, so the backward, given the same
+    /// options, regenerates it. `None`, or `p = 0`, runs without dropout at no cost.
+    pub dropout: Option<Dropout>,
+}
+
+/// Attention dropout's probability and random stream; see [`AttnParams::dropout`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DropoutSeed {
+    /// Philox seed.
+    pub seed: u64,
+    /// Philox offset: calls with one seed and different offsets draw different masks (for
+    /// example, one offset per layer and step).
+    pub offset: u64,
+}
+
+/// Attention dropout; see [`AttnParams::dropout`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Dropout {
+    /// Probability of dropping each attention probability, in `[0, 1)` (anything else,
+    /// NaN included, is a [`FlashError::Param`]).
+    pub p: f32,
+    /// The random stream: the forward's RNG state, which the backward needs.
+    pub rng: DropoutSeed,
+    /// The generator's index of this call's first sequence (0 unless the call is one part
+    /// of a larger batch whose mask it must reproduce, e.g. a batch split across devices).
+    pub first_sequence: u32,
+}
+
+impl Dropout {
+    /// Dropout with probability `p`, seed `seed` and offset `offset`.
+    pub fn new(p: f32, seed: u64, offset: u64) -> Self {
+        Self {
+            p,
+            rng: DropoutSeed { seed, offset },
+            first_sequence: 0,
+        }
+    }
+
+    /// The kernels' arguments for a launch whose first sequence is `batch` of the call.
+    pub(crate) fn args(&self, batch: usize) -> flash_attn_kernels::params::DropoutArgs {
+        flash_attn_kernels::params::DropoutArgs::new(
+            self.p,
+            self.rng.seed,
+            self.rng.offset,
+            self.first_sequence.wrapping_add(batch as u32),
+        )
+    }
 }
 
 impl AttnParams<'static> {
@@ -70,10 +123,37 @@ impl AttnParams<'static> {
         seqlens_k: None,
         block_mask: None,
         tree_mask: None,
+        dropout: None,
     };
 }
 
 impl AttnParams<'_> {
+    /// The dropout to apply: `None` without dropout or with `p = 0`. Errors
+    /// ([`FlashError::Param`]) when `p` is not in `[0, 1)`.
+    pub fn active_dropout(&self) -> Result<Option<Dropout>> {
+        match self.dropout {
+            None => Ok(None),
+            Some(d) if !(0.0..1.0).contains(&d.p) => Err(FlashError::Param(format!(
+                "dropout probability must be in [0, 1), got {}",
+                d.p
+            ))),
+            Some(d) if d.p == 0.0 => Ok(None),
+            Some(d) => Ok(Some(d)),
+        }
+    }
+
+    /// Errors ([`FlashError::Param`]) when dropout is on: the decode path (an inference path)
+    /// does not take it.
+    pub fn check_no_dropout(&self) -> Result<()> {
+        match self.active_dropout()? {
+            Some(_) => Err(FlashError::Param(
+                "dropout is a training option: the decode path (attn_with_kvcache) does not take it"
+                    .into(),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The scale to use for a head dim: `softmax_scale`, or `1/√head_dim` by default. Errors
     /// ([`FlashError::Param`]) when it is not finite or when `scale·log2 e` overflows f32
     /// (`|scale|` ≳ 2.4e38), so that every backend accepts the same scales.

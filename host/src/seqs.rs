@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use flash_attn_kernels::params::{MaskArgs, RowStatsRef, SeqDims, Strides, TensorRef};
+use flash_attn_kernels::params::{DropoutArgs, MaskArgs, RowStatsRef, SeqDims, Strides, TensorRef};
 
 use crate::device::Device;
 use crate::error::{FlashError, Result};
@@ -341,6 +341,12 @@ impl SeqRun {
             mask_bits: from(args.mask_bits, args.bits_batch_stride),
             ..args
         }
+    }
+
+    /// Dropout's arguments for the run's launch (its first sequence is `first` of the call);
+    /// the defaults, which no kernel without dropout reads, when `dropout` is `None`.
+    pub(crate) fn dropout(&self, dropout: Option<crate::params::Dropout>) -> DropoutArgs {
+        dropout.map_or(DropoutArgs::default(), |d| d.args(self.first))
     }
 
     /// The launch's sizes for a call of `shape` (heads and head dim) with the kernels' head

@@ -143,7 +143,8 @@ impl BwdTile {
     }
 
     /// Whether the shape is one the kernel supports: query tiles of whole warps' 16 rows, at
-    /// most one 16-row dQ group per warp, dQ and dK/dV column slices of whole 16-column pairs.
+    /// most one 16-row dQ group per warp, dQ and dK/dV column slices of whole 16-column pairs,
+    /// dPᵀ computed in whole pairs of 8-query tiles.
     pub const fn is_valid(&self) -> bool {
         let row_groups = self.block_m / MMA_M;
         self.block_m.is_multiple_of(MMA_M)
@@ -152,6 +153,8 @@ impl BwdTile {
             && self.head_dim.is_multiple_of(16 * self.dq_col_groups())
             && (self.dq_cols() / 8).is_multiple_of(self.dq_tiles())
             && self.head_dim.is_multiple_of(16 * self.d_split)
+            && self.dp_tiles().is_multiple_of(2)
+            && (self.block_m / 8).is_multiple_of(self.dp_tiles())
     }
 
     /// Dynamic shared memory in bytes: K and V `[block_n][pitch]`, two buffers of Q and dO

@@ -5,7 +5,7 @@
 //!   kernel registry ([`registry`]: every kernel, its tiles per target) and the targets
 //!   ([`arch`]), the `#[repr(C)]` launch parameters ([`params`]), tile shapes ([`config`]),
 //!   the block information ([`block`]), the shared-memory swizzle ([`swizzle`]) and the masks
-//!   ([`mask`], with their scalar [`math`]). The host crate links these, so there is exactly one definition of each.
+//!   ([`mask`], with their scalar [`math`]) and dropout's generator ([`rng`]). The host crate links these, so there is exactly one definition of each.
 //! - for `nvptx64-nvidia-cuda` (through `cargo xtask build-ptx`): additionally the kernels, with
 //!   every inline-PTX instruction wrapped once in the private `ptx` module.
 #![no_std]
@@ -21,6 +21,7 @@ pub mod mask;
 pub mod math;
 pub mod params;
 pub mod registry;
+pub mod rng;
 pub mod swizzle;
 
 #[cfg(target_arch = "nvptx64")]

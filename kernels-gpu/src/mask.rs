@@ -859,7 +859,10 @@ impl AttnMask for TreeMask {
         }
         let end = self.base.key_end(row);
         let prefix = self.prefix();
-        prefix > 0 || (0..end.saturating_sub(prefix)).any(|t| self.sees_draft(row, t))
+        // Rows past the drafts (the rest of a query tile) have no bits to read.
+        prefix > 0
+            || (row < self.base.seqlen_q
+                && (0..end.saturating_sub(prefix)).any(|t| self.sees_draft(row, t)))
     }
 }
 

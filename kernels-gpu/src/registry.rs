@@ -5,8 +5,8 @@
 //! ([`FWD_KERNELS`], [`ALL_KERNELS`]), and from those the ptxas report, the kernel build's
 //! per-kernel files and the tests enumerate kernels. Adding a kernel is one line here.
 //!
-//! What is a compile-time variant: the family, the element type, the head dim and the mask
-//! kind (each changes the instruction stream or the register tiles). What is a runtime
+//! What is a compile-time variant: the family, the element type, the head dim, the mask
+//! kind and dropout (each changes the instruction stream or the register tiles). What is a runtime
 //! argument: sequence lengths, strides, the softmax scale, the causal flag of
 //! [`MaskKind::Causal`] (a warp-uniform branch outside the inner loop: one kernel serves both),
 //! and the window, softcap and ALiBi of [`MaskKind::Masked`] (tile bounds, a predicate in edge
@@ -73,6 +73,8 @@ pub struct KernelRow<T: Copy> {
     pub head_dim: usize,
     /// Mask type.
     pub mask: MaskKind,
+    /// Whether the kernel applies attention dropout ([`crate::rng`]).
+    pub dropout: bool,
     /// Entry point names, indexed by [`KernelDType`] (`F16`, `Bf16`).
     pub names: [&'static str; 2],
     /// Tile shape per target, in [`crate::arch::ARCHS`] order.
@@ -100,18 +102,25 @@ pub type BwdKernel = KernelRow<BwdTile>;
 /// A decode kernel row.
 pub type DecodeKernel = KernelRow<DecodeTile>;
 
-/// The row of `rows` that runs a caller's `head_dim` under `mask`: the smallest compiled head
-/// dim ≥ it; `None` for 0 and above the largest.
+/// Registry token of the kernels without dropout.
+const PLAIN: bool = false;
+/// Registry token of the kernels with attention dropout.
+const DROPOUT: bool = true;
+
+/// The row of `rows` that runs a caller's `head_dim` under `mask`, with or without `dropout`:
+/// the smallest compiled head dim ≥ it; `None` for 0 and above the largest.
 pub const fn kernel_for<T: Copy>(
     rows: &'static [KernelRow<T>],
     head_dim: usize,
     mask: MaskKind,
+    dropout: bool,
 ) -> Option<&'static KernelRow<T>> {
     let mut best: Option<&'static KernelRow<T>> = None;
     let mut i = 0;
     while i < rows.len() {
         let k = &rows[i];
-        if head_dim > 0 && head_dim <= k.head_dim && k.mask as u8 == mask as u8 {
+        let kind = k.mask as u8 == mask as u8 && k.dropout == dropout;
+        if head_dim > 0 && head_dim <= k.head_dim && kind {
             best = match best {
                 Some(b) if b.head_dim <= k.head_dim => Some(b),
                 _ => Some(k),
@@ -122,19 +131,36 @@ pub const fn kernel_for<T: Copy>(
     best
 }
 
-/// The forward kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]).
-pub const fn fwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static FwdKernel> {
-    kernel_for(FWD_KERNELS, head_dim, mask)
+/// The forward kernel for a caller's `head_dim` under `mask`, with or without `dropout` (see
+/// [`kernel_for`]). The plain kind's forward with dropout runs on the general kind's kernels:
+/// the plain mask's spill at the same tiles (ptxas, sm_80 and sm_90a), the general one's
+/// (a window of `(∞, ∞)` or causal) do not.
+pub const fn fwd_kernel(
+    head_dim: usize,
+    mask: MaskKind,
+    dropout: bool,
+) -> Option<&'static FwdKernel> {
+    let mask = match (mask, dropout) {
+        (MaskKind::Causal, true) => MaskKind::Masked,
+        _ => mask,
+    };
+    kernel_for(FWD_KERNELS, head_dim, mask, dropout)
 }
 
-/// The backward kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]).
-pub const fn bwd_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static BwdKernel> {
-    kernel_for(BWD_KERNELS, head_dim, mask)
+/// The backward kernel for a caller's `head_dim` under `mask`, with or without `dropout` (see
+/// [`fwd_kernel`]).
+pub const fn bwd_kernel(
+    head_dim: usize,
+    mask: MaskKind,
+    dropout: bool,
+) -> Option<&'static BwdKernel> {
+    kernel_for(BWD_KERNELS, head_dim, mask, dropout)
 }
 
-/// The decode kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]).
+/// The decode kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]; the decode
+/// path takes no dropout).
 pub const fn decode_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static DecodeKernel> {
-    kernel_for(DECODE_KERNELS, head_dim, mask)
+    kernel_for(DECODE_KERNELS, head_dim, mask, false)
 }
 
 /// Launch resources of any registered kernel (for the ptxas report and the loader's checks).
@@ -166,8 +192,8 @@ pub const fn max_fwd_head_dim() -> usize {
 /// Expands the kernel list into the host tables and (on nvptx64) the entry points.
 macro_rules! registry {
     (
-        fwd { $( $d:literal $mask:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
-        bwd { $( $bd:literal $bmask:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
+        fwd { $( $d:literal $mask:ident $drop:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
+        bwd { $( $bd:literal $bmask:ident $bdrop:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
         bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
         decode { $( $dd:literal $dmask:ident [$df16:ident, $dbf16:ident] $dtiles:expr; )* }
         decode_passes {
@@ -182,6 +208,7 @@ macro_rules! registry {
             FwdKernel {
                 head_dim: $d,
                 mask: MaskKind::$mask,
+                dropout: $drop,
                 names: [stringify!($f16), stringify!($bf16)],
                 tiles: tiles_of($d, $tiles),
             },
@@ -192,6 +219,7 @@ macro_rules! registry {
             BwdKernel {
                 head_dim: $bd,
                 mask: MaskKind::$bmask,
+                dropout: $bdrop,
                 names: [stringify!($bf16_), stringify!($bbf16)],
                 tiles: bwd_tiles_of($bd, $btiles),
             },
@@ -208,6 +236,7 @@ macro_rules! registry {
             DecodeKernel {
                 head_dim: $dd,
                 mask: MaskKind::$dmask,
+                dropout: PLAIN,
                 names: [stringify!($df16), stringify!($dbf16)],
                 tiles: decode_tiles_of($dd, $dtiles),
             },
@@ -261,12 +290,12 @@ macro_rules! registry {
         mod entries {
             use super::*;
             $(
-                fwd_entry!($f16, F16, $mask, $d, $tiles);
-                fwd_entry!($bf16, Bf16, $mask, $d, $tiles);
+                fwd_entry!($f16, F16, $mask, $drop, $d, $tiles);
+                fwd_entry!($bf16, Bf16, $mask, $drop, $d, $tiles);
             )*
             $(
-                bwd_entry!($bf16_, F16, $bmask, $bd, $btiles);
-                bwd_entry!($bbf16, Bf16, $bmask, $bd, $btiles);
+                bwd_entry!($bf16_, F16, $bmask, $bdrop, $bd, $btiles);
+                bwd_entry!($bbf16, Bf16, $bmask, $bdrop, $bd, $btiles);
             )*
             bwd_pass_entry!($prep16, F16, bwd_prep);
             bwd_pass_entry!($prepb16, Bf16, bwd_prep);
@@ -305,8 +334,8 @@ macro_rules! registry {
 /// One forward entry point (see `device::fwd::flash_fwd`).
 #[cfg(target_arch = "nvptx64")]
 macro_rules! fwd_entry {
-    ($name:ident, $elem:ident, $mask:ident, $d:literal, $tiles:expr) => {
-        /// Forward attention for one (dtype, head dim, mask); see `device::fwd` for the
+    ($name:ident, $elem:ident, $mask:ident, $drop:ident, $d:literal, $tiles:expr) => {
+        /// Forward attention for one (dtype, head dim, mask, dropout); see `device::fwd` for the
         /// algorithm and the registry for the tile shape.
         ///
         /// # Safety
@@ -327,6 +356,7 @@ macro_rules! fwd_entry {
                 { $d / 16 },
                 { $d / 8 },
                 { T.block_n / 8 },
+                $drop,
             >(&p)
         }
     };
@@ -335,8 +365,8 @@ macro_rules! fwd_entry {
 /// One backward entry point (see `device::bwd::flash_bwd`).
 #[cfg(target_arch = "nvptx64")]
 macro_rules! bwd_entry {
-    ($name:ident, $elem:ident, $mask:ident, $d:literal, $tiles:expr) => {
-        /// Backward attention for one (dtype, head dim, mask); see `device::bwd`.
+    ($name:ident, $elem:ident, $mask:ident, $drop:ident, $d:literal, $tiles:expr) => {
+        /// Backward attention for one (dtype, head dim, mask, dropout); see `device::bwd`.
         ///
         /// # Safety
         /// Launched by the host crate with the grid, block and shared memory of its tile,
@@ -361,6 +391,7 @@ macro_rules! bwd_entry {
                 { T.dq_tiles() },
                 { T.dp_tiles() },
                 { T.staged_dq },
+                $drop,
             >(&p)
         }
     };
@@ -521,57 +552,96 @@ const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInf
 // docs/perf-notes.md); sm_80..sm_89 spill there.
 registry! {
     fwd {
-        32 Causal [flash_fwd_f16_d32, flash_fwd_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
-        64 Causal [flash_fwd_f16_d64, flash_fwd_bf16_d64] [(4, 2, 64, true), (4, 2, 64, true)];
-        96 Causal [flash_fwd_f16_d96, flash_fwd_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
-        128 Causal [flash_fwd_f16_d128, flash_fwd_bf16_d128] [(4, 2, 32, false), (4, 2, 64, false)];
-        256 Causal [flash_fwd_f16_d256, flash_fwd_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        32 Causal PLAIN [flash_fwd_f16_d32, flash_fwd_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
+        64 Causal PLAIN [flash_fwd_f16_d64, flash_fwd_bf16_d64] [(4, 2, 64, true), (4, 2, 64, true)];
+        96 Causal PLAIN [flash_fwd_f16_d96, flash_fwd_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Causal PLAIN [flash_fwd_f16_d128, flash_fwd_bf16_d128] [(4, 2, 32, false), (4, 2, 64, false)];
+        256 Causal PLAIN [flash_fwd_f16_d256, flash_fwd_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
         // The general mask's kernels: softcap, ALiBi and the window cost registers, so some
         // tiles are smaller than the plain ones' (no spills on either target).
-        32 Masked [flash_fwd_masked_f16_d32, flash_fwd_masked_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
-        64 Masked [flash_fwd_masked_f16_d64, flash_fwd_masked_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
-        96 Masked [flash_fwd_masked_f16_d96, flash_fwd_masked_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
-        128 Masked [flash_fwd_masked_f16_d128, flash_fwd_masked_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
-        256 Masked [flash_fwd_masked_f16_d256, flash_fwd_masked_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        32 Masked PLAIN [flash_fwd_masked_f16_d32, flash_fwd_masked_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
+        64 Masked PLAIN [flash_fwd_masked_f16_d64, flash_fwd_masked_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
+        96 Masked PLAIN [flash_fwd_masked_f16_d96, flash_fwd_masked_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Masked PLAIN [flash_fwd_masked_f16_d128, flash_fwd_masked_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
+        256 Masked PLAIN [flash_fwd_masked_f16_d256, flash_fwd_masked_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
         // Block-sparse: the mask keeps its bit rows' address, so the tiles that sit at the
         // register limit in the plain kernels are those of the general mask here.
-        32 Sparse [flash_fwd_sparse_f16_d32, flash_fwd_sparse_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
-        64 Sparse [flash_fwd_sparse_f16_d64, flash_fwd_sparse_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
-        96 Sparse [flash_fwd_sparse_f16_d96, flash_fwd_sparse_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
-        128 Sparse [flash_fwd_sparse_f16_d128, flash_fwd_sparse_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
-        256 Sparse [flash_fwd_sparse_f16_d256, flash_fwd_sparse_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        32 Sparse PLAIN [flash_fwd_sparse_f16_d32, flash_fwd_sparse_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
+        64 Sparse PLAIN [flash_fwd_sparse_f16_d64, flash_fwd_sparse_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
+        96 Sparse PLAIN [flash_fwd_sparse_f16_d96, flash_fwd_sparse_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Sparse PLAIN [flash_fwd_sparse_f16_d128, flash_fwd_sparse_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
+        256 Sparse PLAIN [flash_fwd_sparse_f16_d256, flash_fwd_sparse_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
         // Tree masks (few queries: one 64-row query tile covers a typical draft tree).
-        32 Tree [flash_fwd_tree_f16_d32, flash_fwd_tree_bf16_d32] [(4, 1, 64, true), (4, 1, 64, true)];
-        64 Tree [flash_fwd_tree_f16_d64, flash_fwd_tree_bf16_d64] [(4, 1, 64, false), (4, 1, 64, false)];
-        96 Tree [flash_fwd_tree_f16_d96, flash_fwd_tree_bf16_d96] [(4, 1, 32, false), (4, 1, 32, false)];
-        128 Tree [flash_fwd_tree_f16_d128, flash_fwd_tree_bf16_d128] [(4, 1, 32, false), (4, 1, 32, false)];
-        256 Tree [flash_fwd_tree_f16_d256, flash_fwd_tree_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        32 Tree PLAIN [flash_fwd_tree_f16_d32, flash_fwd_tree_bf16_d32] [(4, 1, 64, true), (4, 1, 64, true)];
+        64 Tree PLAIN [flash_fwd_tree_f16_d64, flash_fwd_tree_bf16_d64] [(4, 1, 64, false), (4, 1, 64, false)];
+        96 Tree PLAIN [flash_fwd_tree_f16_d96, flash_fwd_tree_bf16_d96] [(4, 1, 32, false), (4, 1, 32, false)];
+        128 Tree PLAIN [flash_fwd_tree_f16_d128, flash_fwd_tree_bf16_d128] [(4, 1, 32, false), (4, 1, 32, false)];
+        256 Tree PLAIN [flash_fwd_tree_f16_d256, flash_fwd_tree_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        // Attention dropout: the tiles of the general kind without dropout, smaller where
+        // the generator's registers would spill.
+        32 Masked DROPOUT [flash_fwd_masked_dropout_f16_d32, flash_fwd_masked_dropout_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
+        64 Masked DROPOUT [flash_fwd_masked_dropout_f16_d64, flash_fwd_masked_dropout_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
+        96 Masked DROPOUT [flash_fwd_masked_dropout_f16_d96, flash_fwd_masked_dropout_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Masked DROPOUT [flash_fwd_masked_dropout_f16_d128, flash_fwd_masked_dropout_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
+        256 Masked DROPOUT [flash_fwd_masked_dropout_f16_d256, flash_fwd_masked_dropout_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        32 Sparse DROPOUT [flash_fwd_sparse_dropout_f16_d32, flash_fwd_sparse_dropout_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
+        64 Sparse DROPOUT [flash_fwd_sparse_dropout_f16_d64, flash_fwd_sparse_dropout_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
+        96 Sparse DROPOUT [flash_fwd_sparse_dropout_f16_d96, flash_fwd_sparse_dropout_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Sparse DROPOUT [flash_fwd_sparse_dropout_f16_d128, flash_fwd_sparse_dropout_bf16_d128] [(4, 2, 32, false), (4, 2, 16, false)];
+        256 Sparse DROPOUT [flash_fwd_sparse_dropout_f16_d256, flash_fwd_sparse_dropout_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+        32 Tree DROPOUT [flash_fwd_tree_dropout_f16_d32, flash_fwd_tree_dropout_bf16_d32] [(4, 1, 64, true), (4, 1, 64, true)];
+        64 Tree DROPOUT [flash_fwd_tree_dropout_f16_d64, flash_fwd_tree_dropout_bf16_d64] [(4, 1, 64, false), (4, 1, 64, false)];
+        96 Tree DROPOUT [flash_fwd_tree_dropout_f16_d96, flash_fwd_tree_dropout_bf16_d96] [(4, 1, 32, false), (4, 1, 32, false)];
+        128 Tree DROPOUT [flash_fwd_tree_dropout_f16_d128, flash_fwd_tree_dropout_bf16_d128] [(4, 1, 32, false), (4, 1, 32, false)];
+        256 Tree DROPOUT [flash_fwd_tree_dropout_f16_d256, flash_fwd_tree_dropout_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).
     bwd {
-        32 Causal [flash_bwd_f16_d32, flash_bwd_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
-        64 Causal [flash_bwd_f16_d64, flash_bwd_bf16_d64] [(8, 1, 64, false), (8, 1, 128, true)];
-        96 Causal [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
-        128 Causal [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 1, 32, false), (8, 1, 64, false)];
-        256 Causal [flash_bwd_f16_d256, flash_bwd_bf16_d256] [(2, 2, 32, false), (4, 2, 32, true)];
+        32 Causal PLAIN [flash_bwd_f16_d32, flash_bwd_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Causal PLAIN [flash_bwd_f16_d64, flash_bwd_bf16_d64] [(8, 1, 64, false), (8, 1, 128, true)];
+        96 Causal PLAIN [flash_bwd_f16_d96, flash_bwd_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Causal PLAIN [flash_bwd_f16_d128, flash_bwd_bf16_d128] [(4, 1, 32, false), (8, 1, 64, false)];
+        256 Causal PLAIN [flash_bwd_f16_d256, flash_bwd_bf16_d256] [(2, 2, 32, false), (4, 2, 32, true)];
         // The general mask's kernels keep d logit / d s per score: smaller query tiles.
-        32 Masked [flash_bwd_masked_f16_d32, flash_bwd_masked_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
-        64 Masked [flash_bwd_masked_f16_d64, flash_bwd_masked_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
-        96 Masked [flash_bwd_masked_f16_d96, flash_bwd_masked_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
-        128 Masked [flash_bwd_masked_f16_d128, flash_bwd_masked_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
-        256 Masked [flash_bwd_masked_f16_d256, flash_bwd_masked_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
-        32 Sparse [flash_bwd_sparse_f16_d32, flash_bwd_sparse_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
-        64 Sparse [flash_bwd_sparse_f16_d64, flash_bwd_sparse_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
-        96 Sparse [flash_bwd_sparse_f16_d96, flash_bwd_sparse_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
-        128 Sparse [flash_bwd_sparse_f16_d128, flash_bwd_sparse_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
-        256 Sparse [flash_bwd_sparse_f16_d256, flash_bwd_sparse_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+        32 Masked PLAIN [flash_bwd_masked_f16_d32, flash_bwd_masked_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Masked PLAIN [flash_bwd_masked_f16_d64, flash_bwd_masked_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
+        96 Masked PLAIN [flash_bwd_masked_f16_d96, flash_bwd_masked_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Masked PLAIN [flash_bwd_masked_f16_d128, flash_bwd_masked_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
+        256 Masked PLAIN [flash_bwd_masked_f16_d256, flash_bwd_masked_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+        32 Sparse PLAIN [flash_bwd_sparse_f16_d32, flash_bwd_sparse_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Sparse PLAIN [flash_bwd_sparse_f16_d64, flash_bwd_sparse_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
+        96 Sparse PLAIN [flash_bwd_sparse_f16_d96, flash_bwd_sparse_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Sparse PLAIN [flash_bwd_sparse_f16_d128, flash_bwd_sparse_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
+        256 Sparse PLAIN [flash_bwd_sparse_f16_d256, flash_bwd_sparse_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
         // Tree masks: the block-sparse tiles (both masks keep a bits address).
-        32 Tree [flash_bwd_tree_f16_d32, flash_bwd_tree_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
-        64 Tree [flash_bwd_tree_f16_d64, flash_bwd_tree_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
-        96 Tree [flash_bwd_tree_f16_d96, flash_bwd_tree_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
-        128 Tree [flash_bwd_tree_f16_d128, flash_bwd_tree_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
-        256 Tree [flash_bwd_tree_f16_d256, flash_bwd_tree_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+        32 Tree PLAIN [flash_bwd_tree_f16_d32, flash_bwd_tree_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Tree PLAIN [flash_bwd_tree_f16_d64, flash_bwd_tree_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
+        96 Tree PLAIN [flash_bwd_tree_f16_d96, flash_bwd_tree_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Tree PLAIN [flash_bwd_tree_f16_d128, flash_bwd_tree_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
+        256 Tree PLAIN [flash_bwd_tree_f16_d256, flash_bwd_tree_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+        // Attention dropout: the tiles of the general kind without dropout, smaller where
+        // the generator's registers would spill.
+        32 Causal DROPOUT [flash_bwd_dropout_f16_d32, flash_bwd_dropout_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Causal DROPOUT [flash_bwd_dropout_f16_d64, flash_bwd_dropout_bf16_d64] [(8, 1, 32, false), (8, 1, 64, true)];
+        96 Causal DROPOUT [flash_bwd_dropout_f16_d96, flash_bwd_dropout_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Causal DROPOUT [flash_bwd_dropout_f16_d128, flash_bwd_dropout_bf16_d128] [(4, 2, 32, false), (8, 1, 32, false)];
+        256 Causal DROPOUT [flash_bwd_dropout_f16_d256, flash_bwd_dropout_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+        32 Masked DROPOUT [flash_bwd_masked_dropout_f16_d32, flash_bwd_masked_dropout_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Masked DROPOUT [flash_bwd_masked_dropout_f16_d64, flash_bwd_masked_dropout_bf16_d64] [(8, 1, 32, false), (8, 1, 32, true)];
+        96 Masked DROPOUT [flash_bwd_masked_dropout_f16_d96, flash_bwd_masked_dropout_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Masked DROPOUT [flash_bwd_masked_dropout_f16_d128, flash_bwd_masked_dropout_bf16_d128] [(4, 2, 32, false), (8, 1, 32, false)];
+        256 Masked DROPOUT [flash_bwd_masked_dropout_f16_d256, flash_bwd_masked_dropout_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+        32 Sparse DROPOUT [flash_bwd_sparse_dropout_f16_d32, flash_bwd_sparse_dropout_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Sparse DROPOUT [flash_bwd_sparse_dropout_f16_d64, flash_bwd_sparse_dropout_bf16_d64] [(8, 1, 32, false), (8, 1, 64, true)];
+        96 Sparse DROPOUT [flash_bwd_sparse_dropout_f16_d96, flash_bwd_sparse_dropout_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Sparse DROPOUT [flash_bwd_sparse_dropout_f16_d128, flash_bwd_sparse_dropout_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
+        256 Sparse DROPOUT [flash_bwd_sparse_dropout_f16_d256, flash_bwd_sparse_dropout_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+        32 Tree DROPOUT [flash_bwd_tree_dropout_f16_d32, flash_bwd_tree_dropout_bf16_d32] [(8, 1, 64, false), (8, 1, 64, true)];
+        64 Tree DROPOUT [flash_bwd_tree_dropout_f16_d64, flash_bwd_tree_dropout_bf16_d64] [(8, 1, 64, false), (8, 1, 64, true)];
+        96 Tree DROPOUT [flash_bwd_tree_dropout_f16_d96, flash_bwd_tree_dropout_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
+        128 Tree DROPOUT [flash_bwd_tree_dropout_f16_d128, flash_bwd_tree_dropout_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
+        256 Tree DROPOUT [flash_bwd_tree_dropout_f16_d256, flash_bwd_tree_dropout_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
     }
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];
@@ -666,8 +736,12 @@ mod tests {
             (t.head_dim, t.is_valid(), t.smem_bytes())
         });
         // Every forward head dim has a decode kernel (the forward may route to it), except
-        // the block-sparse kind's (the forward never routes those to the decode path).
-        for k in FWD_KERNELS.iter().filter(|k| k.mask != MaskKind::Sparse) {
+        // the block-sparse kind's (the forward never routes those to the decode path), and
+        // the block-sparse kind's, nor the dropout kernels' (the decode path takes no dropout).
+        for k in FWD_KERNELS
+            .iter()
+            .filter(|k| k.mask != MaskKind::Sparse && !k.dropout)
+        {
             assert!(decode_kernel(k.head_dim, k.mask).is_some_and(|d| d.head_dim == k.head_dim));
         }
     }
@@ -680,6 +754,11 @@ mod tests {
                 MaskKind::Masked => "masked_",
                 MaskKind::Sparse => "sparse_",
                 MaskKind::Tree => "tree_",
+            };
+            let kind = if k.dropout {
+                format!("{kind}dropout_")
+            } else {
+                kind.into()
             };
             assert_eq!(
                 k.name(KernelDType::F16),
@@ -702,8 +781,24 @@ mod tests {
     }
 
     #[test]
+    fn every_forward_kernel_has_its_backward_and_dropout_variants() {
+        for k in FWD_KERNELS {
+            for dropout in [false, true] {
+                let fwd = fwd_kernel(k.head_dim, k.mask, dropout).unwrap();
+                let general = k.mask == MaskKind::Causal && dropout;
+                let kind = if general { MaskKind::Masked } else { k.mask };
+                assert_eq!(fwd.mask, kind);
+                assert_eq!((fwd.head_dim, fwd.dropout), (k.head_dim, dropout));
+                let bwd = bwd_kernel(k.head_dim, k.mask, dropout).unwrap();
+                assert_eq!((bwd.head_dim, bwd.dropout), (k.head_dim, dropout));
+                assert_eq!(bwd.mask, k.mask);
+            }
+        }
+    }
+
+    #[test]
     fn head_dims_round_up() {
-        let d = |x| fwd_kernel(x, MaskKind::Causal).map(|k| k.head_dim);
+        let d = |x| fwd_kernel(x, MaskKind::Causal, false).map(|k| k.head_dim);
         assert_eq!(d(0), None);
         assert_eq!(d(1), Some(32));
         assert_eq!(d(64), Some(64));

@@ -369,6 +369,7 @@ impl MaskRecipe {
             seqlens_k: params.seqlens_k,
             block_mask: params.block_mask,
             tree_mask: params.tree_mask,
+            dropout: params.dropout,
         }
     }
 }

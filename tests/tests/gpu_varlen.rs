@@ -2,7 +2,8 @@
 //! `flash_attn_varlen_backward`) and key padding of a padded batch (`AttnParams::seqlens_k`),
 //! forward and backward, against the float64 reference run sequence by sequence, with the
 //! accuracy rules of `flash_attn_tests`. Lengths include 0 and 1, masks and GQA come from the
-//! shared recipes, outputs are poisoned with NaN before every launch.
+//! shared recipes, a third of the cases add dropout (whose masks count the call's sequences),
+//! outputs are poisoned with NaN before every launch.
 //!
 //! Without a CUDA device every test prints a loud SKIPPED line and passes, unless
 //! `FLASH_ATTN_REQUIRE_GPU=1`.
@@ -16,8 +17,8 @@ use flash_attn::seqs::{SeqSpan, VarlenLens};
 use flash_attn::shape::AttnShape;
 use flash_attn::{
     flash_attn_backward_into, flash_attn_into, flash_attn_varlen_backward_into,
-    flash_attn_varlen_into, AttnParams, BwdMode, Device, DeviceTensor, Element, FlashError,
-    HostVarlen, Varlen,
+    flash_attn_varlen_into, AttnParams, BwdMode, Device, DeviceTensor, Dropout, Element,
+    FlashError, HostVarlen, Varlen,
 };
 use flash_attn_tests::gpu::{device as gpu_device, gpu_cases, upload, Layout};
 use flash_attn_tests::{
@@ -50,6 +51,9 @@ struct VarCase {
     /// Varlen: give the host copy of the prefix sums (else the call reads them back).
     host_copy: bool,
     deterministic: bool,
+    /// Attention dropout `(p, seed, offset)` (the sequences' masks count sequences of the
+    /// whole call).
+    dropout: Option<(f32, u64, u64)>,
     seed: u64,
 }
 
@@ -59,18 +63,31 @@ fn case_strategy() -> impl Strategy<Value = VarCase> {
     let heads = prop::sample::select(&[(1usize, 1usize), (2, 1), (4, 2), (3, 3)][..]);
     let dims = prop::sample::select(&[16usize, 32, 40, 64, 96, 128, 256][..]);
     let mags = prop::sample::select(&[Magnitude::Normal, Magnitude::Large][..]);
+    let dropout = prop_oneof![
+        2 => Just(None),
+        1 => (prop::sample::select(&[0.1f32, 0.17, 0.3][..]), any::<u64>(), any::<u64>()).prop_map(Some),
+    ];
     (
         lens,
         heads,
         dims,
         any::<bool>(),
-        mask_recipes(),
+        (mask_recipes(), dropout),
         mags,
         (any::<bool>(), any::<bool>(), any::<bool>(), any::<u64>()),
     )
         .prop_map(
-            |(lens, heads, head_dim, causal, masks, magnitude, (varlen, host_copy, det, seed))| {
+            |(
+                lens,
+                heads,
+                head_dim,
+                causal,
+                (masks, dropout),
+                magnitude,
+                (varlen, host_copy, det, seed),
+            )| {
                 VarCase {
+                    dropout,
                     lens,
                     heads,
                     head_dim,
@@ -194,6 +211,9 @@ fn run_case<T: Element>(dev: &Device, case: &VarCase) -> Result<(), String> {
     let params = AttnParams {
         causal: case.causal,
         seqlens_k: base.seqlens_k,
+        dropout: case
+            .dropout
+            .map(|(p, seed, offset)| Dropout::new(p, seed, offset)),
         ..params
     };
     let scale = params.scale(shape.head_dim).map_err(err)?;

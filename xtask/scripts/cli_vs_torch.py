@@ -32,8 +32,21 @@ v `[total, H, d]` with `cu_seqlens_q`, `cu_seqlens_k` I32 `[B + 1]` in the input
 outputs `o`, `dq` `[total_q, Hq, d]`, `lse` `[Hq, total_q]`), half a padded batch with key
 padding (`seqlens_k` I32 `[B]`); PyTorch runs each sequence on its own rows and keys.
 
+With --dropout-share F (default 0.25), that share of the forward/backward cases outside
+packed varlen batches (key padding included) runs with attention dropout: `--dropout P --seed S
+--offset O --return-dropout-mask` (P in {0, 0.1, 0.17, 0.5, 0.9}, seeds and offsets over the
+whole u64 range), and, when no other mask was drawn, a sliding window in 40% of them. The CLI's
+`dropout_mask` (U8 [B, Hq, Nq, Nk], 1 = kept) must hold 0/1 only with a kept fraction near
+1 − P, `rng_state` must be (seed, offset) as I64 (absent for P = 0) and the metadata `dropout`
+P; PyTorch applies that mask to the softmax probabilities, P ∘ mask / (1 − P) (in float64 for
+the reference, in the dtype for the yardstick), and the accuracy rule above applies to o, lse
+and the gradients, the gradients' allowance plus what the rounding of the CLI's own O costs an
+exact float64 backward (its D = rowsum(dO ∘ O); the library's rule too), which PyTorch's
+yardstick does not pay where a row sees a single key. The dropout draws come from a generator
+of their own, so a given --seed draws the same other cases with or without them.
+
 Usage: cli_vs_torch.py CLI_BINARY [--cases N] [--seed S] [--cpu] [--backward-share F]
-       [--decode-share F] [--mask-share F] [--varlen-share F]
+       [--decode-share F] [--mask-share F] [--varlen-share F] [--dropout-share F]
 """
 import math
 import os
@@ -43,6 +56,7 @@ import sys
 import tempfile
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
@@ -51,8 +65,9 @@ DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 def attention(q, k, v, causal, scale, masks=None):
     """Naive attention in q's dtype and device: [B, N, H, d] layout, GQA by repetition.
     `masks` (optional): dict with `window` (left, right; None = unbounded side), `softcap`,
-    `alibi` (slopes [Hq] or [B, Hq], float64). Returns O and the natural-log LSE [B, Hq, Nq]
-    (f32 for low precision)."""
+    `alibi` (slopes [Hq] or [B, Hq], float64), `dropout` (keep [B, Hq, Nq, Nk] 0/1, P: the
+    probabilities become P ∘ keep / (1 − P) in their dtype). Returns O and the natural-log LSE
+    [B, Hq, Nq] of the softmax before dropout (f32 for low precision)."""
     masks = masks or {}
     hq, hkv = q.shape[2], k.shape[2]
     k = k.repeat_interleave(hq // hkv, dim=2)
@@ -89,9 +104,16 @@ def attention(q, k, v, causal, scale, masks=None):
         bm = bm.repeat_interleave(128, dim=-2).repeat_interleave(128, dim=-1)[..., :nq, :nk]
         hidden = hidden | ~bm
     s = s.masked_fill(hidden, float("-inf"))
-    lse = torch.logsumexp(s.float() if s.dtype != torch.float64 else s, dim=-1)
+    # Rows that see no key get LSE = −∞ through a finite logsumexp, so that the LSE can be
+    # differentiated (the dropout cases' allowance below) without NaN from those rows.
+    sl = s.float() if s.dtype != torch.float64 else s
+    dead = torch.isneginf(sl).all(dim=-1, keepdim=True)
+    lse = torch.logsumexp(sl.masked_fill(dead, 0.0), dim=-1).masked_fill(dead[..., 0], float("-inf"))
     p = torch.softmax(s, dim=-1)
     p = torch.nan_to_num(p, nan=0.0)  # rows that see no key
+    if masks.get("dropout") is not None:
+        keep, drop = masks["dropout"]
+        p = p * keep.to(device=q.device, dtype=p.dtype) / (1.0 - drop)
     o = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
     return o, lse
 
@@ -144,16 +166,21 @@ def seq_attention(q, k, v, causal, scale, masks, seqs):
     if seqs is None:
         return attention(q, k, v, causal, scale, masks)
 
-    def seq_masks(b):
+    def seq_masks(b, n=None):
         m = dict(masks)
         if m.get("alibi") is not None and m["alibi"].dim() == 2:
             m["alibi"] = m["alibi"][b]
         if m.get("block") is not None:
             m["block"] = m["block"][b % m["block"].shape[0]][None]
+        if m.get("dropout") is not None:
+            # The padded batch's mask: entry b's rows, its first n keys.
+            keep, drop = m["dropout"]
+            m["dropout"] = (keep[b : b + 1, :, :, :n], drop)
         return m
 
     os_, lses = [], []
     if seqs[0] == "varlen":
+        assert masks.get("dropout") is None, "the CLI returns no dropout mask for a varlen batch"
         _, cu_q, cu_k = seqs
         for b in range(len(cu_q) - 1):
             rq, rk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
@@ -163,7 +190,7 @@ def seq_attention(q, k, v, causal, scale, masks, seqs):
         return torch.cat(os_, dim=0), torch.cat(lses, dim=1)
     _, lens = seqs
     for b, n in enumerate(lens):
-        o, lse = attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal, scale, seq_masks(b))
+        o, lse = attention(q[b:b + 1], k[b:b + 1, :n], v[b:b + 1, :n], causal, scale, seq_masks(b, n))
         os_.append(o)
         lses.append(lse)
     return torch.cat(os_, dim=0), torch.cat(lses, dim=0)
@@ -201,6 +228,52 @@ def max_err(a, ref):
     if torch.isnan(d).any():
         return float("inf")
     return d.max().item() if d.numel() else 0.0
+
+
+def draw_dropout(rng):
+    """Random dropout options: (P, seed, offset), seeds and offsets over the whole u64 range."""
+    p = rng.choice([0.0, 0.1, 0.17, 0.5, 0.9])
+    seed = rng.choice([0, 1, 42, rng.randrange(2**64)])
+    offset = rng.choice([0, 1, rng.randrange(2**64)])
+    return p, seed, offset
+
+
+def as_i64(x):
+    """The u64 `x` as the I64 the CLI's `rng_state` holds (its bits)."""
+    return x - 2**64 if x >= 2**63 else x
+
+
+def check_dropout(got, meta, dropout, shape):
+    """The CLI's dropout outputs: `dropout_mask` U8 `shape` of 0/1 with a kept fraction near
+    1 − P (6 standard deviations), `rng_state` (seed, offset) as I64 (absent for P = 0), and
+    the metadata `dropout`. Returns (ok, message, the mask)."""
+    p, seed, offset = dropout
+    msgs, ok = [], True
+    keep = got.get("dropout_mask")
+    if keep is None or keep.dtype != torch.uint8 or list(keep.shape) != list(shape):
+        desc = "missing" if keep is None else f"{keep.dtype} {list(keep.shape)}"
+        return False, f"dropout_mask {desc}, expected uint8 {list(shape)} !!", None
+    if keep.numel() and keep.max().item() > 1:
+        ok = False
+        msgs.append("dropout_mask not 0/1 !!")
+    n = keep.numel()
+    kept = keep.double().mean().item() if n else 1.0
+    bound = 6 * math.sqrt(p * (1 - p) / max(n, 1)) + 1e-3 if p > 0 else 0.0
+    good = abs(kept - (1 - p)) <= bound
+    ok &= good
+    msgs.append(f"kept {kept:.3f}/{1 - p:.3f}{'' if good else ' !!'}")
+    state = got.get("rng_state")
+    if p > 0:
+        want = [as_i64(seed), as_i64(offset)]
+        good = state is not None and state.dtype == torch.int64 and state.tolist() == want
+        good &= meta.get("dropout") is not None and abs(float(meta["dropout"]) - p) < 1e-6
+        good &= meta.get("seed") == str(seed) and meta.get("offset") == str(offset)
+    else:
+        good = state is None and meta.get("dropout") == "none"
+    ok &= good
+    if not good:
+        msgs.append(f"rng_state {None if state is None else state.tolist()} metadata {meta.get('dropout')} !!")
+    return ok, ", ".join(msgs), keep
 
 
 def decode_case(rng, dt, cpu):
@@ -319,8 +392,10 @@ def main():
     decode_share = float(args[args.index("--decode-share") + 1]) if "--decode-share" in args else 0.0
     mask_share = float(args[args.index("--mask-share") + 1]) if "--mask-share" in args else 0.3
     varlen_share = float(args[args.index("--varlen-share") + 1]) if "--varlen-share" in args else 0.2
+    dropout_share = float(args[args.index("--dropout-share") + 1]) if "--dropout-share" in args else 0.25
     cpu = "--cpu" in args
     rng = random.Random(seed)
+    drop_rng = random.Random(seed * 1_000_003 + 17)  # the dropout draws, apart from the rest
     torch.manual_seed(seed)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     failures = 0
@@ -375,6 +450,13 @@ def main():
                 tensors["do"] = torch.randn(*q_shape, dtype=torch.float64).to(dt)
             lens = (nq, nk) if seqs is None else None  # block masks take neither varlen nor key padding
             masks, flags = draw_masks(rng, b, hq, mask_share, lens)
+            dropout = None
+            if (seqs is None or seqs[0] == "keys") and drop_rng.random() < dropout_share:
+                dropout = draw_dropout(drop_rng)
+                if not masks and drop_rng.random() < 0.4:
+                    left, right = drop_rng.choice([0, 5, 40, 300]), drop_rng.choice([-1, 0, 17, 100])
+                    masks["window"] = (left, None if right < 0 else right)
+                    flags += ["--window", f"{left},{right}"]
             files = dict(tensors)
             if "block" in masks:
                 files["block_mask"] = masks["block"]
@@ -399,14 +481,32 @@ def main():
                 cmd.append("--cpu")
             if backward:
                 cmd.append("--backward")
+            if dropout is not None:
+                cmd += ["--dropout", repr(dropout[0]), "--seed", str(dropout[1]), "--offset", str(dropout[2])]
+                cmd.append("--return-dropout-mask")
             r = subprocess.run(cmd, capture_output=True, text=True)
-            desc = f"{dtype_name} B={b} Nq={nq} Nk={nk} Hq={hq} Hkv={hkv} d={d} causal={causal} scale={scale} bwd={backward} masks={describe(masks)}{describe_seqs(seqs)}"
+            drop_desc = "" if dropout is None else f" dropout={dropout[0]} seed={dropout[1]} offset={dropout[2]}"
+            desc = f"{dtype_name} B={b} Nq={nq} Nk={nk} Hq={hq} Hkv={hkv} d={d} causal={causal} scale={scale} bwd={backward} masks={describe(masks)}{describe_seqs(seqs)}{drop_desc}"
             if r.returncode != 0:
                 print(f"FAIL {desc}: exit {r.returncode}: {r.stderr.strip()}")
                 failures += 1
                 continue
             got = load_file(out)
             sc = scale if scale is not None else 1.0 / math.sqrt(d)
+            ok = True
+            msgs = []
+            if dropout is not None:
+                with safe_open(out, framework="pt") as f:
+                    meta = f.metadata() or {}
+                good, msg, keep = check_dropout(got, meta, dropout, [b, hq, nq, nk])
+                ok &= good
+                msgs.append(msg)
+                if keep is None:
+                    print("FAIL " + desc + ": " + ", ".join(msgs))
+                    failures += 1
+                    continue
+                p32 = torch.tensor(dropout[0], dtype=torch.float32).item()  # what the CLI reads
+                masks["dropout"] = (keep, p32)
             # float64 reference and the same-dtype naive attention, with autograd for backward
             ins = [t.double().to(dev).requires_grad_(backward) for t in (tensors["q"], tensors["k"], tensors["v"])]
             o_ref, lse_ref = seq_attention(*ins, causal, sc, masks, seqs)
@@ -417,18 +517,33 @@ def main():
                 g = tensors["do"].to(dev)
                 # allow_unused: with key padding or empty sequences some inputs may not be read
                 fill = lambda gs, xs: [torch.zeros_like(x) if gr is None else gr for gr, x in zip(gs, xs)]
-                refs = fill(torch.autograd.grad(o_ref, ins, g.double(), allow_unused=True), ins)
+                keep_graph = dropout is not None
+                refs = fill(torch.autograd.grad(o_ref, ins, g.double(), allow_unused=True, retain_graph=keep_graph), ins)
                 lps = fill(torch.autograd.grad(o_lp, ins_lp, g, allow_unused=True), ins_lp)
-                for name, r64, rlp in zip(["dq", "dk", "dv"], refs, lps):
-                    checks.append((name, got[name], r64, rlp))
-            ok = True
-            msgs = []
-            for name, ours, ref, lp in checks:
+                givens = [None] * 3
+                if dropout is not None:
+                    # The CLI's backward takes D = rowsum(dO ∘ O) from its own O, rounded to the
+                    # dtype (FlashAttention's backward does too). With dropout that O carries
+                    # 1/(1 − P) and is rarely exact, and a row with one visible key leaves
+                    # PyTorch's own gradient exact (dS = P ∘ (G − D) = 0), so the rule also allows
+                    # what that rounding alone costs the exact backward, as the library's rule
+                    # does (tests/src/lib.rs check_gradient_accuracy; LSE's f32 rounding left
+                    # out here): dS − ΔD·P, ΔD = rowsum(dO ∘ ΔO), is the gradient of the loss
+                    # less ΔD·LSE (∂LSE/∂S = P).
+                    delta = ((got["o"].to(dev).double() - o_ref.detach()) * g.double()).sum(-1)
+                    delta = delta.transpose(0, 1) if delta.dim() == 2 else delta.transpose(1, 2)
+                    corr = fill(torch.autograd.grad(lse_ref, ins, delta.contiguous(), allow_unused=True), ins)
+                    givens = [r - c for r, c in zip(refs, corr)]
+                for name, r64, rlp, given in zip(["dq", "dk", "dv"], refs, lps, givens):
+                    checks.append((name, got[name], r64, rlp, given))
+            for name, ours, ref, lp, *given in checks:
                 e_ours = max_err(ours.to(dev), ref)
                 e_lp = max_err(lp.detach(), ref)
                 allowed = 2 * e_lp + 1e-5
                 if name in ("dq", "dk", "dv"):
                     allowed = 3 * e_lp + 1e-5  # gradients: FlashAttention's tests allow 2-3x
+                if given and given[0] is not None:
+                    allowed += max_err(given[0], ref)
                 good = e_ours <= allowed
                 ok &= good
                 msgs.append(f"{name} {e_ours:.2e}/{allowed:.2e}{'' if good else ' !!'}")

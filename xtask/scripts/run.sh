@@ -4,6 +4,7 @@
 #   bash bundle/run.sh test    # every test binary; a missing GPU is a failure here
 #   bash bundle/run.sh bench   # our forward benchmark, then PyTorch SDPA on the same shapes
 #   bash bundle/run.sh masks   # the mask family and varlen, then FlexAttention and SDPA
+#   bash bundle/run.sh dropout # attention dropout at p = 0.1 and 0, then SDPA with dropout
 # Logs and JSON go to $OUT (or bundle/out when OUT is unset).
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,8 +36,15 @@ case "$what" in
     "$here/bin/flash-attn-bench" --op masks --out "$out/masks-ours.json" "$@" || exit 1
     python3 "$here/scripts/bench_masks_torch.py" "$out/masks-ours.json" "$out/masks.json" | tee "$out/masks-table.txt"
     ;;
+  dropout)
+    # Attention dropout's rows (flash-attn-bench --op dropout) beside SDPA with the same p.
+    export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%d)}
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
+    "$here/bin/flash-attn-bench" --op dropout --out "$out/dropout-ours.json" "$@" || exit 1
+    python3 "$here/scripts/bench_dropout_torch.py" "$out/dropout-ours.json" "$out/dropout.json" | tee "$out/dropout-table.txt"
+    ;;
   *)
-    echo "usage: run.sh test|bench|masks [args]" >&2
+    echo "usage: run.sh test|bench|masks|dropout [args]" >&2
     exit 2
     ;;
 esac

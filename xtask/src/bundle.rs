@@ -101,6 +101,7 @@ pub fn run() -> Result<(), String> {
     for script in [
         "bench_torch.py",
         "bench_masks_torch.py",
+        "bench_dropout_torch.py",
         "io_ncu.py",
         "cli_vs_torch.py",
         "mem_peak.sh",

@@ -7,17 +7,19 @@
 //! dO (`do`) and writes the gradients `dq`, `dk`, `dv`, computed on the CPU backend (forward
 //! and backward both, so that the five outputs agree). With `--decode` it reads a KV cache
 //! (contiguous or paged), appends the new keys and values when given, runs
-//! `attn_with_kvcache` (or its CPU twin) and writes `o`, `lse` and the updated cache. See
-//! `--help`.
+//! `attn_with_kvcache` (or its CPU twin) and writes `o`, `lse` and the updated cache.
+//! `--dropout P` (forward and backward) applies attention dropout, its mask drawn from
+//! `--seed` and `--offset`, and writes the RNG state `rng_state` (and, with
+//! `--return-dropout-mask`, the mask itself). See `--help`.
 //!
 //! The file handling (bounded readers, output checks, writes through temporary files) is in
 //! the `flash_attn_cli` library; this file is the command line and the passes.
 
 use clap::{ArgAction, Parser};
-use flash_attn::shape::check_shapes;
+use flash_attn::shape::{check_shapes, AttnShape};
 use flash_attn::{
-    cpu, AttnParams, BlockMask, BwdMode, DType, DecodeOptions, Device, DeviceTensor, Element,
-    FlashError, HostVarlen, TreeMask, Varlen,
+    cpu, AttnParams, BlockMask, BwdMode, DType, DecodeOptions, Device, DeviceTensor, Dropout,
+    Element, FlashError, HostVarlen, TreeMask, Varlen,
 };
 use flash_attn_cli::input::{
     read_npy, read_safetensors, FileElement, RawTensor, SafetensorsFile, FLOAT_DTYPES,
@@ -44,7 +46,8 @@ INPUT:
 OUTPUT:
     -o FILE (default out.safetensors) holds `o` [B, Nq, Hq, d] (input dtype) and `lse`
     [B, Hq, Nq] (f32, natural log), with metadata `backend`, `causal`, `softmax_scale`,
-    `window`, `softcap` and `alibi`.
+    `window`, `softcap`, `alibi` and `dropout` (P, or none; with P > 0 also `seed` and
+    `offset`).
     An output may not be the same file as an input or as another output. Outputs are
     checked before the forward pass and written through a temporary file in the same
     directory, renamed into place, so a failed run leaves existing files as they were.
@@ -83,6 +86,18 @@ BACKWARD (--backward):
     The GPU backward adds dQ with f32 atomics, so its low bits can vary run to run;
     --deterministic selects its deterministic mode (bit-identical results, slower). The CPU
     backward is always deterministic.
+
+DROPOUT (forward and --backward):
+    --dropout P (0 <= P < 1) drops each softmax probability with probability P and scales
+    the kept ones by 1/(1 - P); the LSE is that of the softmax before dropout. The mask is
+    drawn from Philox keyed by --seed S and --offset O (u64, default 0; both need --dropout)
+    and counted by (sequence, query head, query, key): the same flags draw the same mask on
+    every backend, and --backward regenerates the forward's. With P > 0 the output also
+    holds `rng_state` (I64 [2]: the seed and offset, their u64 bits; the forward's RNG state,
+    which a backward needs) and metadata `seed` and `offset`; --dropout 0 is no dropout.
+    --return-dropout-mask also writes `dropout_mask` (U8 [B, Hq, Nq, Nk], 1 = kept; with
+    seqlens_k the padded batch's; not with a varlen batch). It costs O(B·Hq·Nq·Nk) time and
+    memory: for tests at small sizes. Not with --decode.
 
 DECODE (--decode):
     Attention of new query tokens over a KV cache, as flash_attn::attn_with_kvcache. Reads
@@ -166,8 +181,23 @@ struct Args {
     /// k_new, v_new), writing o, lse and the updated cache
     #[arg(long, conflicts_with_all = [
         "backward", "npy", "npy_out", "k_name", "v_name", "do_name", "deterministic",
+        "dropout", "seed", "offset", "return_dropout_mask",
     ])]
     decode: bool,
+    /// Attention dropout: drop each softmax probability with probability P (0 <= P < 1) and
+    /// scale the kept ones by 1/(1 - P) (forward and --backward)
+    #[arg(long, value_name = "P", allow_negative_numbers = true, value_parser = parse_dropout)]
+    dropout: Option<f32>,
+    /// Philox seed of the dropout mask, with --dropout [default: 0]
+    #[arg(long, value_name = "S", requires = "dropout")]
+    seed: Option<u64>,
+    /// Philox offset of the dropout mask, with --dropout [default: 0]
+    #[arg(long, value_name = "O", requires = "dropout")]
+    offset: Option<u64>,
+    /// Also write the dropout mask `dropout_mask` (U8 [B, Hq, Nq, Nk], 1 = kept), with
+    /// --dropout: O(B·Hq·Nq·Nk), for tests at small sizes
+    #[arg(long, requires = "dropout")]
+    return_dropout_mask: bool,
     /// Number of key splits of the GPU decode (1 to 128) [default: automatic]
     #[arg(long, value_name = "N", requires = "decode", value_parser = parse_num_splits)]
     num_splits: Option<usize>,
@@ -214,6 +244,15 @@ fn parse_softcap(s: &str) -> Result<f32, String> {
     match s.parse::<f32>() {
         Ok(x) if x.is_finite() && x > 0.0 => Ok(x),
         _ => Err(format!("`{s}` is not a finite softcap > 0")),
+    }
+}
+
+/// A dropout probability: a number in [0, 1) (NaN is not).
+fn parse_dropout(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        // -0 is 0.
+        Ok(p) if (0.0..1.0).contains(&p) => Ok(p + 0.0),
+        _ => Err(format!("`{s}` is not a dropout probability in [0, 1)")),
     }
 }
 
@@ -320,6 +359,7 @@ fn run(args: &Args) -> Result<(), CliError> {
         let [mut q, mut k, mut v, mut d_o] = read_safetensors(path, &names)?;
         check_dtypes(&q, [&k, &v, &d_o])?;
         let seqs = read_seqs(args, [&mut q, &mut k, &mut v, &mut d_o])?;
+        check_mask_request(args, &seqs)?;
         let masks = MaskInputs::read(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
         let params = masks.params(args, seqs.seqlens_k.as_deref());
         let raw = [&q, &k, &v, &d_o];
@@ -353,6 +393,7 @@ fn run(args: &Args) -> Result<(), CliError> {
     };
     check_dtypes(&q, [&k, &v])?;
     let seqs = read_seqs(args, [&mut q, &mut k, &mut v])?;
+    check_mask_request(args, &seqs)?;
     let masks = MaskInputs::read(args, seqs.batch(&q.shape), dim(&q.shape, 2))?;
     let params = masks.params(args, seqs.seqlens_k.as_deref());
     match q.dtype {
@@ -381,7 +422,8 @@ impl MaskInputs {
         })
     }
 
-    /// The options of the call: the flags, these masks and `seqlens_k` (from [`read_seqs`]).
+    /// The options of the call: the flags (dropout included), these masks and `seqlens_k`
+    /// (from [`read_seqs`]).
     fn params<'a>(&'a self, args: &Args, seqlens_k: Option<&'a [i32]>) -> AttnParams<'a> {
         AttnParams {
             causal: args.causal,
@@ -392,6 +434,9 @@ impl MaskInputs {
             seqlens_k,
             block_mask: self.blocks.as_ref(),
             tree_mask: self.tree.as_ref().map(TreeMask::as_ref),
+            dropout: args
+                .dropout
+                .map(|p| Dropout::new(p, args.seed.unwrap_or(0), args.offset.unwrap_or(0))),
         }
     }
 }
@@ -542,6 +587,65 @@ fn read_seqs<const N: usize>(args: &Args, tensors: [&mut RawTensor; N]) -> Resul
     Ok(seqs)
 }
 
+/// Fails when `--return-dropout-mask` is asked of a varlen batch, whose mask has no padded
+/// `[B, Hq, Nq, Nk]` form.
+fn check_mask_request(args: &Args, seqs: &Seqs) -> Result<(), CliError> {
+    if args.return_dropout_mask && seqs.varlen.is_some() {
+        return Err(CliError::Usage(
+            "--return-dropout-mask writes the mask of a padded batch, [B, Hq, Nq, Nk]; it is \
+             not supported with a varlen batch (cu_seqlens_q/cu_seqlens_k); key padding \
+             (seqlens_k) is"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The dropout outputs of a call of `shape` run on `backend`: `rng_state` (I64 `[2]`: seed,
+/// offset) when dropout is on, and `dropout_mask` (U8 `[B, Hq, Nq, Nk]`, 1 = kept) with
+/// `--return-dropout-mask`, drawn by the backend that ran the call (all ones for `P = 0`).
+fn dropout_outputs(
+    args: &Args,
+    backend: &Backend,
+    params: &AttnParams,
+    shape: &AttnShape,
+) -> Result<Vec<Named>, CliError> {
+    let attention = |e: FlashError| CliError::Attention(e.to_string());
+    let mut out = Vec::new();
+    let active = params.active_dropout().map_err(attention)?;
+    if let Some(d) = &active {
+        // The u64 seed and offset as I64 (their bits; PyTorch keeps its RNG state in int64).
+        let state = [d.rng.seed, d.rng.offset].map(|x| x as i64);
+        out.push((
+            "rng_state",
+            Dtype::I64,
+            vec![2],
+            state.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        ));
+    }
+    if args.return_dropout_mask {
+        let dims = [shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k];
+        let mask = match (backend, &active) {
+            (Backend::Gpu(dev), Some(d)) => {
+                flash_attn::flash_attn_dropout_mask(dev, dims, d).map_err(attention)?
+            }
+            // On the CPU, and for P = 0 (every element kept) on either backend.
+            _ => {
+                let d = params.dropout.unwrap_or_default();
+                let [b, h, nq, nk] = dims;
+                let mask = cpu::dropout_mask(b, h, nq, nk, &d).map_err(attention)?;
+                if mask.is_standard_layout() {
+                    mask.into_raw_vec_and_offset().0
+                } else {
+                    mask.iter().copied().collect()
+                }
+            }
+        };
+        out.push(("dropout_mask", Dtype::U8, dims.to_vec(), mask));
+    }
+    Ok(out)
+}
+
 /// The ALiBi slopes `alibi_slopes` of the safetensors input (F32, `[Hq]` or `[B, Hq]` for `b`
 /// sequences of `hq` query heads), or `None` when it has none (or the input is .npy files).
 fn read_alibi(args: &Args, b: usize, hq: usize) -> Result<Option<Vec<f32>>, CliError> {
@@ -652,11 +756,12 @@ fn run_typed<T: FileElement>(
         e => attention(e),
     })?;
     eprintln!(
-        "flash-attn-cli: Q {:?} K {:?} {:?}{} in {:.1} ms",
+        "flash-attn-cli: Q {:?} K {:?} {:?}{}{} in {:.1} ms",
         q.shape(),
         k.shape(),
         T::DTYPE,
         if params.causal { " causal" } else { "" },
+        dropout_summary(params),
         start.elapsed().as_secs_f64() * 1e3
     );
 
@@ -665,7 +770,8 @@ fn run_typed<T: FileElement>(
         npy,
     } = outputs;
     let (o, lse) = (unbatch(o, seqs), unbatch(lse, seqs));
-    let tensors = [named("o", T::ST_DTYPE, &o), named("lse", Dtype::F32, &lse)];
+    let mut tensors = vec![named("o", T::ST_DTYPE, &o), named("lse", Dtype::F32, &lse)];
+    tensors.extend(dropout_outputs(args, &backend, params, &shape)?);
     fill_safetensors(
         &mut st_out,
         &tensors,
@@ -915,7 +1021,8 @@ fn named<T: FileElement, D: ndarray::Dimension>(
     (name, dtype, a.shape().to_vec(), le_bytes(a))
 }
 
-/// The metadata of every output file: `backend`, `causal`, `softmax_scale`, then `extra`.
+/// The metadata of every output file: `backend`, `causal`, `softmax_scale`, the masks, the
+/// lengths and the dropout ([`dropout_metadata`]), then `extra`.
 fn metadata<const N: usize>(
     backend: &Backend,
     params: &AttnParams,
@@ -963,8 +1070,34 @@ fn metadata<const N: usize>(
         ),
     ]
     .into_iter()
+    .chain(dropout_metadata(params))
     .chain(extra.into_iter().map(|(k, v)| (k.to_string(), v)))
     .collect()
+}
+
+/// The dropout's metadata: `dropout` (P, or `none` without dropout or with P = 0), and with
+/// dropout `seed` and `offset`.
+fn dropout_metadata(params: &AttnParams) -> Vec<(String, String)> {
+    // The callers have validated P (the parser, then the call).
+    match params.active_dropout().ok().flatten() {
+        None => vec![("dropout".to_string(), "none".to_string())],
+        Some(d) => vec![
+            ("dropout".to_string(), d.p.to_string()),
+            ("seed".to_string(), d.rng.seed.to_string()),
+            ("offset".to_string(), d.rng.offset.to_string()),
+        ],
+    }
+}
+
+/// ` dropout P` for the summary line on stderr, or nothing without dropout.
+fn dropout_summary(params: &AttnParams) -> String {
+    match params.active_dropout().ok().flatten() {
+        None => String::new(),
+        Some(d) => format!(
+            " dropout {} (seed {}, offset {})",
+            d.p, d.rng.seed, d.rng.offset
+        ),
+    }
 }
 
 /// Writes `tensors` with `metadata` as a safetensors file into `out`'s temporary file (the
@@ -1014,7 +1147,8 @@ fn run_backward<T: FileElement>(
         .check_backward_inputs(&shape.q_dims(), &dims(&d_o), &shape.lse_dims())
         .map_err(|e| CliError::Attention(format!("{e} (tensor `{}`)", raw[3].name)))?;
     let scale = params.scale(shape.head_dim).map_err(attention)?;
-    let gpu_backward = registry::bwd_kernel(shape.head_dim, params.mask_kind()).is_some();
+    let dropout = params.active_dropout().map_err(attention)?.is_some();
+    let gpu_backward = registry::bwd_kernel(shape.head_dim, params.mask_kind(), dropout).is_some();
     let backend = if !gpu_backward {
         eprintln!(
             "flash-attn-cli: backward: CPU backend (no GPU backward kernel for head dim {})",
@@ -1033,11 +1167,12 @@ fn run_backward<T: FileElement>(
     }
     .map_err(attention)?;
     eprintln!(
-        "flash-attn-cli: forward + backward: Q {:?} K {:?} {:?}{} in {:.1} ms",
+        "flash-attn-cli: forward + backward: Q {:?} K {:?} {:?}{}{} in {:.1} ms",
         q.shape(),
         k.shape(),
         T::DTYPE,
         if params.causal { " causal" } else { "" },
+        dropout_summary(params),
         start.elapsed().as_secs_f64() * 1e3
     );
     let deterministic = args.deterministic || matches!(backend, Backend::Cpu);
@@ -1048,13 +1183,14 @@ fn run_backward<T: FileElement>(
         unbatch(dk, seqs),
         unbatch(dv, seqs),
     );
-    let tensors = [
+    let mut tensors = vec![
         named("o", T::ST_DTYPE, &o),
         named("lse", Dtype::F32, &lse),
         named("dq", T::ST_DTYPE, &dq),
         named("dk", T::ST_DTYPE, &dk),
         named("dv", T::ST_DTYPE, &dv),
     ];
+    tensors.extend(dropout_outputs(args, &backend, params, &shape)?);
     let extra = [("deterministic", deterministic.to_string())];
     fill_safetensors(
         &mut out,
@@ -1431,5 +1567,65 @@ mod tests {
         }
         let npy = ["flash-attn-cli", "--npy", "a", "b", "c", "--decode"];
         assert!(Args::try_parse_from(npy).is_err());
+    }
+
+    #[test]
+    fn parses_dropout() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["flash-attn-cli", "in.safetensors"];
+            argv.extend_from_slice(extra);
+            Args::try_parse_from(argv)
+        };
+        let a = parse(&[
+            "--dropout",
+            "0.25",
+            "--seed",
+            "3",
+            "--offset",
+            "18446744073709551615",
+            "--return-dropout-mask",
+            "--backward",
+        ])
+        .unwrap();
+        assert_eq!(
+            (a.dropout, a.seed, a.offset, a.return_dropout_mask),
+            (Some(0.25), Some(3), Some(u64::MAX), true)
+        );
+        let masks = MaskInputs {
+            alibi: None,
+            blocks: None,
+            tree: None,
+        };
+        let params = masks.params(&a, None);
+        assert_eq!(params.dropout, Some(Dropout::new(0.25, 3, u64::MAX)));
+        // The defaults: seed 0, offset 0; no --dropout, no dropout.
+        let a = parse(&["--dropout", "0.5"]).unwrap();
+        assert_eq!(
+            masks.params(&a, None).dropout,
+            Some(Dropout::new(0.5, 0, 0))
+        );
+        let a = parse(&[]).unwrap();
+        assert_eq!(masks.params(&a, None).dropout, None);
+        // -0 is 0 (no dropout), not a negative probability.
+        let a = parse(&["--dropout", "-0"]).unwrap();
+        assert!(a.dropout.is_some_and(|p| p == 0.0 && p.is_sign_positive()));
+        assert_eq!(parse_dropout("0.999"), Ok(0.999));
+        for bad in [
+            &["--dropout", "1"][..],
+            &["--dropout", "1.5"],
+            &["--dropout", "-0.1"],
+            &["--dropout", "NaN"],
+            &["--dropout", "inf"],
+            &["--dropout", "0.99999999"], // 1 in f32
+            &["--dropout", "x"],
+            &["--seed", "1"],
+            &["--offset", "1"],
+            &["--return-dropout-mask"],
+            &["--dropout", "0.1", "--seed", "-1"],
+            &["--decode", "--dropout", "0.1"],
+            &["--decode", "--dropout", "0.1", "--return-dropout-mask"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -7,12 +7,18 @@
 //! `D = rowsum(dO ∘ O)`, `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)` (zero where masked),
 //! `dQ = scale·dS·K`, `dK += scale·dSᵀ·Q`; dK and dV of a key/value head sum over the query
 //! heads that share it (GQA/MQA).
+//!
+//! With dropout ([`AttnParams::dropout`]; `Z` the forward's mask, applied by [`RefDropout`]),
+//! the forward's `O = (P ∘ Z)·V/(1 − p)`, `dV += (P ∘ Z)ᵀ·dO/(1 − p)` and
+//! `dS = P ∘ (dP ∘ Z/(1 − p) − D)`; the rest is unchanged.
 
 use ndarray::linalg::general_mat_mul;
 use ndarray::{s, Array4, ArrayView3, ArrayView4, Dim, Zip};
 
 use crate::cpu::alloc;
-use crate::cpu::reference::{round_to, softmax_in_place, Precision, Real, RefMask, EXACT};
+use crate::cpu::reference::{
+    round_to, softmax_in_place, Precision, Real, RefDropout, RefMask, EXACT,
+};
 use crate::cpu::sequences::{backward_spans, key_padding, rows, stat_rows};
 use crate::cpu::validate::check_inputs;
 use crate::dtype::Element;
@@ -34,6 +40,7 @@ pub fn attention_backward_reference(
     params: &AttnParams,
 ) -> Result<Gradients<f64>> {
     check_inputs(&q, &k, &v)?;
+    params.active_dropout()?;
     if let Some(spans) = key_padding(&q, &k, params)? {
         let dims = (q.dim().into(), k.dim().into());
         return backward_spans(dims, &spans, params, 0.0, |sp, p| {
@@ -46,11 +53,11 @@ pub fn attention_backward_reference(
 
 /// [`attention_backward_reference`] from given forward outputs, as the tiled backward takes
 /// them: P = `exp(scale·S − LSE)` from the given natural-log LSE `[B, Hq, Nq]` (zero where
-/// masked, and for a row whose LSE is −∞) and `D = rowsum(dO ∘ O)` from the given O (Q's
-/// shape). Fed with the exact forward outputs it equals [`attention_backward_reference`]; fed
-/// with outputs rounded to an element type it measures what that rounding alone costs an
-/// exact backward, which the accuracy rule of the backward allows on top of twice the naive
-/// error.
+/// masked, and for a row whose LSE is −∞; dropout applied to it as the forward did) and
+/// `D = rowsum(dO ∘ O)` from the given O (Q's shape). Fed with the exact forward outputs it
+/// equals [`attention_backward_reference`]; fed with outputs rounded to an element type it
+/// measures what that rounding alone costs an exact backward, which the accuracy rule of the
+/// backward allows on top of twice the naive error.
 pub fn attention_backward_reference_given(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
@@ -61,6 +68,7 @@ pub fn attention_backward_reference_given(
     params: &AttnParams,
 ) -> Result<Gradients<f64>> {
     check_inputs(&q, &k, &v)?;
+    params.active_dropout()?;
     if let Some(spans) = key_padding(&q, &k, params)? {
         let dims = (q.dim().into(), k.dim().into());
         return backward_spans(dims, &spans, params, 0.0, |sp, p| {
@@ -75,9 +83,9 @@ pub fn attention_backward_reference_given(
 /// Naive attention backward in the element type `T`, as a framework's unfused backward in
 /// `T` computes it: every matrix product accumulates in f32 and its result is rounded to `T`
 /// (scores before scaling, O, dP, and the probabilities P and dS after the elementwise
-/// steps); the row sums D, and dQ, dK, dV accumulate in f32 and are rounded to `T` once. Its
-/// error against [`attention_backward_reference`] bounds what the accuracy rule allows the
-/// other backends.
+/// steps, dropout's `P ∘ Z/(1 − p)` and `dP ∘ Z/(1 − p)` too); the row sums D, and dQ, dK,
+/// dV accumulate in f32 and are rounded to `T` once. Its error against
+/// [`attention_backward_reference`] bounds what the accuracy rule allows the other backends.
 pub fn attention_backward_naive<T: Element>(
     q: ArrayView4<T>,
     k: ArrayView4<T>,
@@ -86,6 +94,7 @@ pub fn attention_backward_naive<T: Element>(
     params: &AttnParams,
 ) -> Result<Gradients<T>> {
     check_inputs(&q, &k, &v)?;
+    params.active_dropout()?;
     if let Some(spans) = key_padding(&q, &k, params)? {
         let dims = (q.dim().into(), k.dim().into());
         return backward_spans(dims, &spans, params, T::default(), |sp, p| {
@@ -137,6 +146,10 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
     let mut ds = alloc::array(Dim([nq, nk]), A::ZERO, "reference dS")?;
     let mut oh = alloc::array(Dim([nq, d]), A::ZERO, "reference O")?;
     let mut dqh = alloc::array(Dim([nq, d]), A::ZERO, "reference dQ")?;
+    let mut dropout = RefDropout::new(params, &shape)?;
+    // P ∘ Z/(1 − p), with dropout.
+    let dropped_dims = if dropout.is_some() { [nq, nk] } else { [0, 0] };
+    let mut dropped = alloc::array(Dim(dropped_dims), A::ZERO, "reference dropped P")?;
     for b in 0..shape.batch {
         for h in 0..shape.heads_q {
             let kv = shape.kv_head(h);
@@ -144,8 +157,9 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
             kh.zip_mut_with(&k.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
             vh.zip_mut_with(&v.slice(s![b, .., kv, ..]), |a, &x| *a = (prec.load)(x));
             doh.zip_mut_with(&d_o.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
-            // The forward: P (zero beyond each row's visible keys) and O = P·V. `p` holds the
-            // raw scores first (kept in `raw` for the softcap's derivative), then the logits.
+            // The forward: P (zero beyond each row's visible keys) and O = P·V (P ∘ Z/(1 − p)
+            // with dropout). `p` holds the raw scores first (kept in `raw` for the softcap's
+            // derivative), then the logits.
             general_mat_mul(A::one(), &qh, &kh.t(), A::ZERO, &mut p);
             let mask = RefMask::new(params, &shape, (b, h), scale_to_acc)?;
             raw.assign(&p);
@@ -155,10 +169,8 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
                     for (i, row) in p.outer_iter_mut().enumerate() {
                         softmax_in_place(row, mask.visible(i), |j| mask.hidden(i, j), prec.probs);
                     }
-                    general_mat_mul(A::one(), &p, &vh, A::ZERO, &mut oh);
-                    oh.mapv_inplace(prec.probs);
                 }
-                Some((o, lse)) => {
+                Some((_, lse)) => {
                     for (i, mut row) in p.outer_iter_mut().enumerate() {
                         let (seen, lse) = (mask.visible(i), lse[[b, h, i]]);
                         let seen = if lse == A::NEG_INF { 0..0 } else { seen };
@@ -170,18 +182,38 @@ fn naive_backward<T: Copy, A: Real, G: Copy + Default>(
                             row[j] = A::ZERO;
                         }
                     }
+                }
+            }
+            let p_used = match dropout.as_mut() {
+                None => &p,
+                Some(dropout) => {
+                    dropout.draw(b, h);
+                    dropped.assign(&p);
+                    dropout.apply(&mut dropped, prec.probs);
+                    &dropped
+                }
+            };
+            match &given {
+                None => {
+                    general_mat_mul(A::one(), p_used, &vh, A::ZERO, &mut oh);
+                    oh.mapv_inplace(prec.probs);
+                }
+                Some((o, _)) => {
                     oh.zip_mut_with(&o.slice(s![b, .., h, ..]), |a, &x| *a = (prec.load)(x));
                 }
             }
-            // dV += Pᵀ·dO; dP = dO·Vᵀ (into ds).
+            // dV += Pᵀ·dO; dP = dO·Vᵀ (into ds; dP ∘ Z/(1 − p) with dropout).
             general_mat_mul(
                 A::one(),
-                &p.t(),
+                &p_used.t(),
                 &doh,
                 A::one(),
                 &mut dv.slice_mut(s![b, .., kv, ..]),
             );
             general_mat_mul(A::one(), &doh, &vh.t(), A::ZERO, &mut ds);
+            if let Some(dropout) = &dropout {
+                dropout.apply(&mut ds, prec.probs);
+            }
             // dS = P ∘ (dP − D), D = rowsum(dO ∘ O), times the softcap's derivative; zero (not
             // 0·x) where the row cannot see.
             for (i, (mut ds_row, p_row)) in ds.outer_iter_mut().zip(p.outer_iter()).enumerate() {

@@ -16,6 +16,11 @@
 //! [`CausalMask::key_tiles`] names (inverted once per call into a [`KeySchedule`]), and only
 //! tiles where [`CausalMask::tile_needs_mask`] says so test [`AttnMask::visible`] element by
 //! element; a masked score is skipped before the exponential, never computed as `0·∞`.
+//!
+//! With attention dropout (Algorithm 4), each (query tile, key tile) draws the forward's mask
+//! `Z` again from the kernels' generator ([`crate::cpu::dropout`]; the forward keeps none), and
+//! [`KeyTile::visit_queries`] takes `dV += (P ∘ Z)ᵀ·dO/(1 − p)` and
+//! `dS = P ∘ (dP ∘ Z/(1 − p) − D)`, D being computed from the forward's (dropped) O as before.
 
 use std::ops::Range;
 
@@ -25,6 +30,7 @@ use ndarray::{ArrayViewMut4, Axis, Dim};
 
 use crate::cpu::alloc;
 use crate::cpu::backward_reference::Gradients;
+use crate::cpu::dropout::{CallDropout, HeadDropout};
 use crate::cpu::online_softmax::{dot, idx, load_rows};
 use crate::cpu::sequences::{backward_spans, key_padding, rows, stat_rows};
 use crate::cpu::tiled::{run_parallel, BLOCK_M, BLOCK_N};
@@ -42,11 +48,16 @@ use crate::shape::AttnShape;
 /// (Q's shape), dK and dV (K's shape) in `T`; dK and dV of a key/value head shared by several
 /// query heads are sums over them.
 ///
+/// With dropout ([`AttnParams::dropout`], the forward's: same probability, seed, offset and
+/// first sequence), the forward's mask is drawn again and the gradients are those of
+/// `O = (P ∘ Z)·V/(1 − p)`.
+///
 /// A row whose LSE is −∞ (it saw no key) contributes nothing and gets a zero dQ row; NaN in
 /// the inputs gives NaN. The result is deterministic: independent of the number of threads.
 /// Shapes are checked before any work ([`crate::FlashError::Shape`] when O, dO or LSE do not
-/// fit Q, K and V; the errors of [`crate::shape::check_shapes`] and [`AttnParams::scale`]
-/// otherwise), and buffers that cannot be allocated are errors, never a panic.
+/// fit Q, K and V; the errors of [`crate::shape::check_shapes`], [`AttnParams::scale`] and
+/// [`AttnParams::active_dropout`] otherwise), and buffers that cannot be allocated are
+/// errors, never a panic.
 pub fn attention_backward_cpu<T: Element>(
     q: ArrayView4<T>,
     k: ArrayView4<T>,
@@ -60,6 +71,7 @@ pub fn attention_backward_cpu<T: Element>(
     check_backward_inputs(&shape, &o, &d_o, &lse)?;
     params.scale_log2(shape.head_dim)?;
     params.check_masks(shape.batch, shape.heads_q)?;
+    params.active_dropout()?;
     let mut dq = alloc::array(Dim(shape.q_dims()), T::default(), "gradient dQ")?;
     let mut dk = alloc::array(Dim(shape.kv_dims()), T::default(), "gradient dK")?;
     let mut dv = alloc::array(Dim(shape.kv_dims()), T::default(), "gradient dV")?;
@@ -100,6 +112,7 @@ pub fn attention_backward_cpu_into<T: Element>(
     let scale = params.kernel_grad_scale(shape.head_dim)?;
     let scale_log2 = params.scale_log2(shape.head_dim)?;
     params.check_masks(shape.batch, shape.heads_q)?;
+    let dropout = CallDropout::new(params, shape.heads_q)?;
     if let Some(spans) = key_padding(&q, &k, params)? {
         let dims = (shape.q_dims(), shape.kv_dims());
         let (dq_all, dk_all, dv_all) =
@@ -137,6 +150,7 @@ pub fn attention_backward_cpu_into<T: Element>(
                     dq: dq_heads.next().expect("Hq = Hkv·group query heads"),
                     slope: params.slope(b, h, shape.heads_q),
                     index: b * shape.heads_q + h,
+                    dropout: dropout.map(|d| d.head(b, h)),
                 });
             }
             jobs.push(KvHeadJob {
@@ -246,6 +260,8 @@ struct QueryHead<'a, T> {
     slope: f32,
     /// `batch · Hq + head`: the head's mask and schedule in [`Step`].
     index: usize,
+    /// The head's dropout, if any.
+    dropout: Option<HeadDropout>,
 }
 
 /// One (batch, key/value head): its keys and values `[Nk, d]`, their gradients, and the query
@@ -341,6 +357,9 @@ struct KeyTile {
     lse_log2: Vec<f64>,
     /// dQ (without `scale`) of every head, `group × Nq × d`.
     dq: Vec<f32>,
+    /// With dropout, `Z` of the current (query tile, key tile), `rows × BLOCK_N`: 1 kept, 0
+    /// dropped.
+    keep: Vec<u8>,
 }
 
 impl KeyTile {
@@ -368,6 +387,7 @@ impl KeyTile {
             delta: alloc::filled(rows, 0.0, "CPU row state")?,
             lse_log2: alloc::filled(rows, 0.0, "CPU row state")?,
             dq: alloc::filled(dq, 0.0, "CPU dQ accumulator")?,
+            keep: alloc::filled(BLOCK_M * BLOCK_N, 0, "CPU dropout tile")?,
         })
     }
 
@@ -404,7 +424,8 @@ impl KeyTile {
     /// tile's dK and dV and into the rows' dQ, scores turned into logits by `scores` (dS
     /// times the derivative of the mask's score modifier). With `needs_mask`, the keys the
     /// mask hides from a row are skipped for that row (before the exponential: a hidden score
-    /// is never computed).
+    /// is never computed). With the head's dropout, `P ∘ Z/(1 − p)` goes into dV and
+    /// `dP ∘ Z/(1 − p)` into dS (products: a NaN stays NaN).
     ///
     /// The exponent `scale_log2·s − LSE·log2 e` is formed in f64: both terms are about as
     /// large as the largest score (±100 in base 2 is common), where an f32 rounding is worth
@@ -423,8 +444,11 @@ impl KeyTile {
         load_rows(head.d_o, rows.clone(), &mut self.d_o);
         self.dk_part[..n * d].fill(0.0);
         self.dv_part[..n * d].fill(0.0);
+        if let Some(dropout) = &head.dropout {
+            dropout.fill(rows.clone(), key0..key0 + n, &mut self.keep, BLOCK_N);
+        }
         let q_rows = self.q.chunks_exact(d).zip(self.d_o.chunks_exact(d));
-        for (row, (q_row, do_row)) in rows.zip(q_rows) {
+        for (r, (row, (q_row, do_row))) in rows.zip(q_rows).enumerate() {
             let at = h * self.seqlen_q + row;
             let (lse_log2, delta) = (self.lse_log2[at], self.delta[at]);
             // LSE = −∞: the row saw no key in the forward pass; P = 0, it adds nothing.
@@ -432,6 +456,7 @@ impl KeyTile {
                 continue;
             }
             self.dq_part.fill(0.0);
+            let keep = &self.keep[r * BLOCK_N..r * BLOCK_N + n];
             let keys = self.k.chunks_exact(d).zip(self.v.chunks_exact(d));
             let parts = self
                 .dk_part
@@ -443,8 +468,17 @@ impl KeyTile {
                 }
                 let (logit2, grad) = scores.logit2_and_grad(row, key0 + c, dot(q_row, k_row));
                 let p = ((logit2 - lse_log2) as f32).exp2();
-                let ds = p * (dot(do_row, v_row) - delta) * grad;
-                axpy(dv_row, p, do_row);
+                let dp = dot(do_row, v_row);
+                // Dropout: Z/(1 − p) on the probability that reached O and on its gradient.
+                let (p_out, dp) = match &head.dropout {
+                    None => (p, dp),
+                    Some(dropout) => {
+                        let z = f32::from(keep[c]) * dropout.scale;
+                        (p * z, dp * z)
+                    }
+                };
+                let ds = p * (dp - delta) * grad;
+                axpy(dv_row, p_out, do_row);
                 axpy(dk_row, ds, q_row);
                 axpy(&mut self.dq_part, ds, k_row);
             }

@@ -54,14 +54,17 @@ pub struct CpuKvCache<'a, T> {
 /// `[B, ≥ 1]`, new keys or values that are not `[B, N_new ≥ 1, Hkv, d]`, a negative length,
 /// `len_b` beyond the cache's capacity (`capacity` rows, or `max_pages·page_size` when paged),
 /// or a page index that the lengths reach outside `0..num_pages`; [`FlashError::GqaRatio`]
-/// when `Hkv` does not divide `Hq`; [`FlashError::Param`] for a non-finite scale; allocation
-/// failures as [`FlashError::TooLarge`] or [`FlashError::Alloc`].
+/// when `Hkv` does not divide `Hq`; [`FlashError::Param`] for a non-finite scale or for
+/// dropout (a training option: the decode path does not take it, see
+/// [`AttnParams::check_no_dropout`]; `p = 0` is no dropout);
+/// allocation failures as [`FlashError::TooLarge`] or [`FlashError::Alloc`].
 pub fn attn_with_kvcache_cpu<T: Element>(
     q: ArrayView4<T>,
     cache: CpuKvCache<'_, T>,
     new_kv: Option<(ArrayView4<T>, ArrayView4<T>)>,
     params: &AttnParams,
 ) -> Result<(Array4<T>, Array3<f32>)> {
+    params.check_no_dropout()?;
     let CpuKvCache {
         mut k,
         mut v,

@@ -24,11 +24,17 @@
 //!   batches (FlashAttention's varlen layout), and [`sequences`], which runs any of the
 //!   padded-batch routines above once per sequence (varlen, and key padding with
 //!   [`crate::AttnParams::seqlens_k`], which every routine here honours).
+//! - [`dropout_mask`]: attention dropout's mask `Z` of a call (for tests at small sizes),
+//!   drawn from the GPU kernels' own generator, as every routine here that takes dropout
+//!   draws it.
 //!
 //! All of them (the decode path's cache aside) take Q `[B, Nq, Hq, d]`, K and V
 //! `[B, Nk, Hkv, d]` with any strides, and return O `[B, Nq, Hq, d]` and the natural-log LSE
 //! `[B, Hq, Nq]`. A query row that sees no key gets O = 0 and LSE = −∞; NaN or ±∞ in the
 //! inputs give NaN, never a row that looks masked (the rule is on [`crate::AttnParams`]).
+//! Every routine but the decode path honours attention dropout
+//! ([`crate::AttnParams::dropout`]: `O = (P ∘ Z)·V/(1 − p)`, the LSE that of `P`, and the
+//! matching gradients), with the mask of [`dropout_mask`]; the decode path rejects it.
 //! Outputs and temporaries are allocated fallibly: a shape whose buffers cannot exist is a
 //! [`crate::FlashError`], not a panic or an abort.
 
@@ -36,6 +42,7 @@ mod alloc;
 mod backward_reference;
 mod backward_tiled;
 mod decode;
+mod dropout;
 mod online_softmax;
 mod reference;
 pub mod sequences;
@@ -48,6 +55,7 @@ pub use backward_reference::{
 };
 pub use backward_tiled::{attention_backward_cpu, attention_backward_cpu_into};
 pub use decode::{attn_with_kvcache_cpu, gather_sequence, merge_attention_states_cpu, CpuKvCache};
+pub use dropout::dropout_mask;
 pub use reference::{attention_naive, attention_reference};
 pub use sequences::{attention_varlen_backward_cpu, attention_varlen_cpu};
 pub use tiled::{attention_cpu, attention_cpu_into, BLOCK_M, BLOCK_N};

@@ -1,6 +1,11 @@
 //! The state of one query tile during FlashAttention-2's key loop: the query rows in f32,
 //! and per row the running maximum (base-2 domain), the running sum of exponentials and the
 //! unnormalised output accumulator.
+//!
+//! With attention dropout (the FlashAttention paper's Algorithm 2), each key tile's mask `Z`
+//! is drawn ([`HeadDropout::fill`]) and applied to the exponentials after they are added to
+//! the row sum (the LSE is that of the softmax before dropout) and before `P·V`; the output is
+//! multiplied by `1/(1 − p)` when it is normalised.
 
 use std::ops::Range;
 
@@ -10,6 +15,7 @@ use crate::mask::CpuScores;
 use ndarray::{s, ArrayView2, ArrayViewMut1, ArrayViewMut2};
 
 use crate::cpu::alloc::{filled, numel, with_capacity};
+use crate::cpu::dropout::HeadDropout;
 use crate::dtype::Element;
 use crate::error::Result;
 
@@ -43,6 +49,10 @@ pub(crate) struct QueryTile {
     acc: Vec<f32>,
     /// One row's `P·V` over the current key tile, `d`, added to `acc` once per tile.
     pv: Vec<f32>,
+    /// The dropout of the tile's (sequence, head), if any.
+    dropout: Option<HeadDropout>,
+    /// `Z` of the current tile with dropout, `rows × block_n`: 1 kept, 0 dropped.
+    keep: Vec<u8>,
 }
 
 impl QueryTile {
@@ -65,11 +75,20 @@ impl QueryTile {
             sum: with_capacity(block_m, "CPU row state")?,
             acc: with_capacity(rows_d, "CPU output tile")?,
             pv: filled(d, 0.0, "CPU output tile")?,
+            dropout: None,
+            keep: filled(block_m * block_n, 0, "CPU dropout tile")?,
         })
     }
 
-    /// Starts the query rows `rows` of `q` (`[Nq, d]`): loads them and clears the state.
-    pub(crate) fn start<T: Element>(&mut self, q: ArrayView2<T>, rows: Range<usize>) {
+    /// Starts the query rows `rows` of `q` (`[Nq, d]`), with the dropout of their (sequence,
+    /// head) if any: loads them and clears the state.
+    pub(crate) fn start<T: Element>(
+        &mut self,
+        q: ArrayView2<T>,
+        rows: Range<usize>,
+        dropout: Option<HeadDropout>,
+    ) {
+        self.dropout = dropout;
         self.row0 = rows.start;
         self.rows = rows.len();
         load_rows(q, rows, &mut self.q);
@@ -85,9 +104,11 @@ impl QueryTile {
 
     /// Folds the keys `keys` of `k` and `v` (`[Nk, d]`) into the tile's state, scores turned
     /// into logits by `scores`. With `needs_mask`, keys the mask hides from a row are skipped
-    /// for that row (neither their K nor their V is read for it). The tile's probabilities and `P·V` are summed tile-locally and added to
-    /// the running sums once, as the GPU's tensor-core accumulation does: adding one key at a
-    /// time to a sum over 10⁶ keys loses most of each term's bits in f32.
+    /// for that row (neither their K nor their V is read for it). The tile's probabilities and
+    /// `P·V` are summed tile-locally and added to the running sums once, as the GPU's
+    /// tensor-core accumulation does: adding one key at a time to a sum over 10⁶ keys loses
+    /// most of each term's bits in f32. With dropout, `P·V` takes `P ∘ Z` (a product: a NaN
+    /// probability stays NaN), the sum takes `P`.
     pub(crate) fn visit_keys<T: Element, M: AttnMask>(
         &mut self,
         k: ArrayView2<T>,
@@ -99,7 +120,11 @@ impl QueryTile {
         let key0 = keys.start;
         let n = keys.len();
         load_rows(k, keys.clone(), &mut self.k);
-        load_rows(v, keys, &mut self.v);
+        load_rows(v, keys.clone(), &mut self.v);
+        if let Some(dropout) = &self.dropout {
+            let rows = self.row0..self.row0 + self.rows;
+            dropout.fill(rows, keys, &mut self.keep, self.block_n);
+        }
         let d = self.d;
         for r in 0..self.rows {
             let row = self.row0 + r;
@@ -132,12 +157,16 @@ impl QueryTile {
             self.max[r] = new_max;
             self.pv.fill(0.0);
             let mut tile_sum = 0.0;
+            let keep = &self.keep[r * self.block_n..r * self.block_n + n];
             for (c, (&s, v_row)) in s.iter().zip(self.v.chunks_exact(d)).enumerate() {
                 if !visible(c) {
                     continue;
                 }
-                let p = (s - shift).exp2();
+                let mut p = (s - shift).exp2();
                 tile_sum += p;
+                if self.dropout.is_some() {
+                    p *= f32::from(keep[c]);
+                }
                 self.pv
                     .iter_mut()
                     .zip(v_row)
@@ -152,7 +181,8 @@ impl QueryTile {
     }
 
     /// Writes the normalised outputs of the tile's rows to `o` (`[Nq, d]`) and their natural
-    /// log-sum-exp to `lse` (`[Nq]`). A row that saw no key gets zeros and −∞; a row whose
+    /// log-sum-exp to `lse` (`[Nq]`), outputs times `1/(1 − p)` with dropout (the LSE is that
+    /// of the softmax before dropout). A row that saw no key gets zeros and −∞; a row whose
     /// visible scores were all −∞ gets NaN; NaN and +∞ scores reach O and LSE as NaN through
     /// the arithmetic (see [`crate::AttnParams`]).
     pub(crate) fn finish<T: Element>(&self, mut o: ArrayViewMut2<T>, mut lse: ArrayViewMut1<f32>) {
@@ -166,7 +196,11 @@ impl QueryTile {
                 (f32::NAN, f32::NAN)
             } else {
                 let lse = (f64::from(max) + f64::from(sum).log2()) * std::f64::consts::LN_2;
-                (1.0 / sum, lse as f32)
+                let inv = match &self.dropout {
+                    None => 1.0 / sum,
+                    Some(dropout) => dropout.scale / sum,
+                };
+                (inv, lse as f32)
             };
             for (dst, &a) in o.row_mut(i).iter_mut().zip(acc) {
                 *dst = T::from_f32(a * inv);

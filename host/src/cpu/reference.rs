@@ -5,6 +5,12 @@
 //! where scores, probabilities and outputs are rounded. The mask rules (window, causal,
 //! softcap, ALiBi) are restated here ([`RefMask`]) instead of taken from the kernels' mask
 //! types, so that the oracle checks those types rather than repeating them.
+//!
+//! Attention dropout ([`AttnParams::dropout`]) is applied by [`RefDropout`], the one place
+//! of the references (forward and backward) that multiplies by `Z/(1 − p)`: each head's mask
+//! is materialised from the kernels' generator ([`crate::cpu::dropout`]) and the
+//! probabilities after the softmax (the LSE is that of the softmax before dropout) become
+//! `P ∘ Z/(1 − p)` before `O = P·V`.
 
 use ndarray::linalg::{general_mat_mul, general_mat_vec_mul};
 use std::ops::Range;
@@ -12,6 +18,7 @@ use std::ops::Range;
 use ndarray::{s, Array2, Array3, Array4, ArrayView4, ArrayViewMut1, Dim, LinalgScalar, Zip};
 
 use crate::cpu::alloc;
+use crate::cpu::dropout::CallDropout;
 use crate::cpu::sequences::{forward_spans, key_padding, rows};
 use crate::cpu::validate::check_inputs;
 use crate::dtype::Element;
@@ -22,9 +29,10 @@ use crate::sparse::{BlockMask, BLOCK};
 use crate::tree::TreeMaskRef;
 
 /// Naive float64 attention: `S = scale·Q·Kᵀ` materialised per (batch, head), masked, softmax
-/// per row, `O = P·V` over the visible keys. Returns O `[B, Nq, Hq, d]` and the natural-log
-/// LSE `[B, Hq, Nq]`; a row that sees no key gets O = 0 and LSE = −∞, NaN and ±∞ inputs give
-/// NaN as [`AttnParams`] describes. The oracle of the tests.
+/// per row, `O = P·V` over the visible keys (with dropout, `O = (P ∘ Z)·V/(1 − p)`, the LSE
+/// that of `P` before dropout). Returns O `[B, Nq, Hq, d]` and the natural-log LSE
+/// `[B, Hq, Nq]`; a row that sees no key gets O = 0 and LSE = −∞, NaN and ±∞ inputs give NaN
+/// as [`AttnParams`] describes. The oracle of the tests.
 pub fn attention_reference(
     q: ArrayView4<f64>,
     k: ArrayView4<f64>,
@@ -32,6 +40,7 @@ pub fn attention_reference(
     params: &AttnParams,
 ) -> Result<(Array4<f64>, Array3<f64>)> {
     check_inputs(&q, &k, &v)?;
+    params.active_dropout()?;
     if let Some(spans) = key_padding(&q, &k, params)? {
         return forward_spans(
             q.dim().into(),
@@ -52,9 +61,10 @@ pub fn attention_reference(
 }
 
 /// Naive attention in the element type `T`: `S = Q·Kᵀ` accumulated in f32 and rounded to `T`,
-/// then scaled; softmax in f32; `P` rounded to `T`; `O = P·V` accumulated in f32 and rounded to
-/// `T`; LSE in f32. Its error against [`attention_reference`] bounds what the accuracy rule
-/// allows the other backends.
+/// then scaled; softmax in f32; `P` rounded to `T` (with dropout, then `P ∘ Z/(1 − p)` rounded
+/// to `T`, as a framework's dropout in `T` computes it); `O = P·V` accumulated in f32 and
+/// rounded to `T`; LSE in f32. Its error against [`attention_reference`] bounds what the
+/// accuracy rule allows the other backends.
 pub fn attention_naive<T: Element>(
     q: ArrayView4<T>,
     k: ArrayView4<T>,
@@ -62,6 +72,7 @@ pub fn attention_naive<T: Element>(
     params: &AttnParams,
 ) -> Result<(Array4<T>, Array3<f32>)> {
     check_inputs(&q, &k, &v)?;
+    params.active_dropout()?;
     if let Some(spans) = key_padding(&q, &k, params)? {
         let fill = (T::default(), f32::NEG_INFINITY);
         return forward_spans(q.dim().into(), &spans, params, fill, |sp, p| {
@@ -98,6 +109,8 @@ pub(crate) trait Real: LinalgScalar + PartialOrd {
     fn ln(self) -> Self;
     /// Hyperbolic tangent.
     fn tanh(self) -> Self;
+    /// The nearest value to an f64.
+    fn from_f64(x: f64) -> Self;
 }
 
 impl Real for f32 {
@@ -116,6 +129,9 @@ impl Real for f32 {
     fn tanh(self) -> Self {
         f32::tanh(self)
     }
+    fn from_f64(x: f64) -> Self {
+        x as f32
+    }
 }
 
 impl Real for f64 {
@@ -133,6 +149,9 @@ impl Real for f64 {
     }
     fn tanh(self) -> Self {
         f64::tanh(self)
+    }
+    fn from_f64(x: f64) -> Self {
+        x
     }
 }
 
@@ -181,6 +200,7 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
     let mut vh = alloc::array(Dim([nk, d]), A::ZERO, "reference V")?;
     let mut scores = alloc::array(Dim([nq, nk]), A::ZERO, "reference scores")?;
     let mut o = alloc::array(Dim([d]), A::ZERO, "reference output row")?;
+    let mut dropout = RefDropout::new(params, &shape)?;
     for b in 0..shape.batch {
         for h in 0..shape.heads_q {
             let kv = shape.kv_head(h);
@@ -193,6 +213,10 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
             for (i, row) in scores.outer_iter_mut().enumerate() {
                 let hidden = |j| mask.hidden(i, j);
                 lse[[b, h, i]] = softmax_in_place(row, mask.visible(i), hidden, prec.probs);
+            }
+            if let Some(dropout) = dropout.as_mut() {
+                dropout.draw(b, h);
+                dropout.apply(&mut scores, prec.probs);
             }
             for (i, p) in scores.outer_iter().enumerate() {
                 // Only the visible keys: a masked key's V must not reach the row (0·NaN).
@@ -214,6 +238,54 @@ fn naive<T: Copy, A: Real, O: Copy + Default>(
         }
     }
     Ok((out, lse))
+}
+
+/// Attention dropout in the references: the mask `Z` of one (batch, query head) at a time,
+/// materialised (`Nq × Nk`) from the kernels' generator, and the one routine that applies it.
+pub(crate) struct RefDropout<A> {
+    /// The call's dropout.
+    call: CallDropout,
+    /// `Z` of the current (batch, head): 1 kept, 0 dropped.
+    keep: Array2<u8>,
+    /// `1/(1 − p)` in the references' precision.
+    scale: A,
+}
+
+impl<A: Real> RefDropout<A> {
+    /// The dropout of `params` for a call of `shape`: `None` without dropout or with `p = 0`
+    /// (the references then take exactly their path without dropout);
+    /// [`crate::FlashError::Param`] for an invalid `p`.
+    pub(crate) fn new(params: &AttnParams, shape: &AttnShape) -> Result<Option<Self>> {
+        let Some(call) = CallDropout::new(params, shape.heads_q)? else {
+            return Ok(None);
+        };
+        let dims = Dim([shape.seqlen_q, shape.seqlen_k]);
+        Ok(Some(Self {
+            call,
+            keep: alloc::array(dims, 0u8, "reference dropout mask")?,
+            scale: A::from_f64(call.scale64()),
+        }))
+    }
+
+    /// Draws `Z` of batch entry `b` (the call's sequence `b`) and query head `h`.
+    pub(crate) fn draw(&mut self, b: usize, h: usize) {
+        let (nq, nk) = self.keep.dim();
+        let keep = self
+            .keep
+            .as_slice_mut()
+            .expect("a fresh standard-layout array");
+        self.call.head(b, h).fill(0..nq, 0..nk, keep, nk);
+    }
+
+    /// `m ∘ Z/(1 − p)` in place, `m` being `Nq × Nk` (the probabilities P, or the backward's
+    /// dP): each element, rounded by `round`, times 0 where dropped or `1/(1 − p)` where
+    /// kept, rounded by `round` again. A product, not a selection: a NaN stays NaN.
+    pub(crate) fn apply(&self, m: &mut Array2<A>, round: fn(A) -> A) {
+        Zip::from(m).and(&self.keep).for_each(|x, &z| {
+            let factor = if z != 0 { self.scale } else { A::ZERO };
+            *x = round(round(*x) * factor);
+        });
+    }
 }
 
 /// The mask of one (batch, head) restated for the references: which keys each row sees and

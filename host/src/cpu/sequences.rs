@@ -3,7 +3,9 @@
 //! ([`AttnParams::seqlens_k`]). Both run any padded-batch routine (the tiled backend, the
 //! references) once per sequence ([`SeqSpan`]) on views of its rows, with the sequence's own
 //! options ([`AttnParams::for_entry`]), and stitch the outputs: the masks then align to each
-//! sequence's own lengths by construction.
+//! sequence's own lengths by construction. With dropout, each sequence's call draws the mask
+//! of its index in the whole call: [`seq_params`] advances [`crate::Dropout::first_sequence`]
+//! by the sequence's index.
 
 use std::borrow::Cow;
 
@@ -35,10 +37,18 @@ pub fn stat_rows<'a, X>(t: &ArrayView3<'a, X>, span: &SeqSpan) -> ArrayView3<'a,
     (*t).slice_move(s![b..b + 1, .., span.q.clone()])
 }
 
-/// A sequence's options: its entry's ALiBi slopes; no key lengths (its keys are cut already).
+/// A sequence's options: its entry's ALiBi slopes; no key lengths (its keys are cut already);
+/// dropout, if any, with [`crate::Dropout::first_sequence`] advanced by the sequence's index
+/// (`span.seq`), so that the sequence, run alone as sequence 0 of its own call, draws the mask
+/// that the whole call's generator gives it.
 pub fn seq_params<'p>(params: &AttnParams<'p>, span: &SeqSpan, heads_q: usize) -> AttnParams<'p> {
+    let dropout = params.dropout.map(|d| crate::params::Dropout {
+        first_sequence: d.first_sequence.wrapping_add(span.seq as u32),
+        ..d
+    });
     AttnParams {
         seqlens_k: None,
+        dropout,
         ..params.for_entry(span.seq, heads_q)
     }
 }
@@ -106,6 +116,7 @@ pub fn varlen_spans<A>(
     let one = |t: &ArrayView3<A>| [1, t.dim().0, t.dim().1, t.dim().2];
     let shape = check_shapes(&one(q), &one(k), &one(v))?;
     params.check_varlen_options()?;
+    params.active_dropout()?;
     let lens = VarlenLens::check(
         Cow::Borrowed(cu_seqlens_q),
         Cow::Borrowed(cu_seqlens_k),
@@ -123,7 +134,8 @@ pub fn packed<'a, X>(t: &ArrayView3<'a, X>) -> ArrayView4<'a, X> {
 
 /// Varlen attention with the CPU backend ([`super::attention_cpu`] per sequence): returns O
 /// `[total_q, Hq, d]` and LSE `[Hq, total_q]`; rows of a sequence without keys get O = 0 and
-/// LSE = −∞.
+/// LSE = −∞. With dropout, sequence `b` of the batch draws the generator's sequence
+/// `first_sequence + b` (see [`seq_params`]).
 pub fn attention_varlen_cpu<T: Element>(
     q: ArrayView3<T>,
     k: ArrayView3<T>,

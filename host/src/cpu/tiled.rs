@@ -5,8 +5,11 @@
 //! folded in with the online softmax (f32 accumulation, exponents in base 2 with
 //! `scale_log2 = scale·log2 e`, or the mask's modified scores times `log2 e`), masking element
 //! by element only in tiles where [`AttnMask::tile_needs_mask`] says so. The mask is the
-//! kernels' own type for the options ([`crate::AttnParams::mask_kind`]). The `Nq × Nk` score matrix is never materialised:
-//! one `BLOCK_M × BLOCK_N` tile at a time. The (batch, head) pairs are spread over threads.
+//! kernels' own type for the options ([`crate::AttnParams::mask_kind`]). The `Nq × Nk` score
+//! matrix is never materialised: one `BLOCK_M × BLOCK_N` tile at a time. The (batch, head)
+//! pairs are spread over threads. With attention dropout ([`AttnParams::dropout`]), each
+//! (batch, head) draws its mask from the kernels' generator ([`crate::cpu::dropout`]), one
+//! tile at a time, as [`QueryTile`] applies it.
 
 use flash_attn_kernels::mask::AttnMask;
 use ndarray::{
@@ -15,6 +18,7 @@ use ndarray::{
 };
 
 use crate::cpu::alloc;
+use crate::cpu::dropout::{CallDropout, HeadDropout};
 use crate::cpu::online_softmax::QueryTile;
 use crate::cpu::sequences::{forward_spans, key_padding, rows};
 use crate::cpu::validate::{check_inputs, check_outputs};
@@ -32,9 +36,12 @@ pub const BLOCK_N: usize = 64;
 /// Attention on the CPU: Q `[B, Nq, Hq, d]`, K and V `[B, Nk, Hkv, d]` (any strides, `Hkv`
 /// dividing `Hq`), any head dim ≥ 1. Returns O `[B, Nq, Hq, d]` and the natural-log LSE
 /// `[B, Hq, Nq]`; a row that sees no key gets O = 0 and LSE = −∞, and NaN or ±∞ inputs give
-/// NaN as [`AttnParams`] describes. Invalid shapes or a non-finite scale are reported as
-/// errors, see [`crate::shape::check_shapes`], and so are outputs or temporaries that cannot be
-/// allocated ([`crate::FlashError::TooLarge`], [`crate::FlashError::Alloc`]): never a panic.
+/// NaN as [`AttnParams`] describes. With dropout ([`AttnParams::dropout`]), O is
+/// `(P ∘ Z)·V/(1 − p)` and the LSE that of `P`, the softmax before dropout. Invalid shapes, a
+/// non-finite scale or an invalid dropout probability are reported as errors, see
+/// [`crate::shape::check_shapes`] and [`AttnParams::active_dropout`], and so are outputs or
+/// temporaries that cannot be allocated ([`crate::FlashError::TooLarge`],
+/// [`crate::FlashError::Alloc`]): never a panic.
 pub fn attention_cpu<T: Element>(
     q: ArrayView4<T>,
     k: ArrayView4<T>,
@@ -44,6 +51,7 @@ pub fn attention_cpu<T: Element>(
     let shape = check_inputs(&q, &k, &v)?;
     params.scale_log2(shape.head_dim)?;
     params.check_masks(shape.batch, shape.heads_q)?;
+    params.active_dropout()?;
     let mut o = alloc::array(Dim(shape.q_dims()), T::default(), "output O")?;
     let mut lse = alloc::array(Dim(shape.lse_dims()), 0.0, "output LSE")?;
     attention_cpu_into(q, k, v, params, o.view_mut(), lse.view_mut())?;
@@ -64,6 +72,7 @@ pub fn attention_cpu_into<T: Element>(
     check_outputs(&shape, &o, &lse)?;
     let scale_log2 = params.scale_log2(shape.head_dim)?;
     params.check_masks(shape.batch, shape.heads_q)?;
+    let dropout = CallDropout::new(params, shape.heads_q)?;
     if let Some(spans) = key_padding(&q, &k, params)? {
         let fill = (T::default(), f32::NEG_INFINITY);
         let (o_all, lse_all) = forward_spans(shape.q_dims(), &spans, params, fill, |sp, p| {
@@ -99,6 +108,7 @@ pub fn attention_cpu_into<T: Element>(
                 lse,
                 slope: params.slope(b, h, shape.heads_q),
                 at: (b, h),
+                dropout: dropout.map(|d| d.head(b, h)),
             });
         }
     }
@@ -137,6 +147,8 @@ struct HeadJob<'a, T> {
     at: (usize, usize),
     /// The head's ALiBi slope (0 without ALiBi).
     slope: f32,
+    /// The head's dropout, if any.
+    dropout: Option<HeadDropout>,
 }
 
 impl<T: Element> HeadJob<'_, T> {
@@ -146,7 +158,8 @@ impl<T: Element> HeadJob<'_, T> {
         let (bm, bn) = (BLOCK_M as u32, BLOCK_N as u32);
         let mask = scores.mask;
         for row0 in (0..seqlen_q).step_by(BLOCK_M) {
-            tile.start(self.q, row0..(row0 + BLOCK_M).min(seqlen_q));
+            let rows = row0..(row0 + BLOCK_M).min(seqlen_q);
+            tile.start(self.q, rows, self.dropout);
             // Last tile first, as the GPU visits them.
             for n_block in mask.key_tiles(row0 as u32, bm, bn) {
                 let key0 = n_block as usize * BLOCK_N;

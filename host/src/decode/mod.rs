@@ -128,6 +128,7 @@ pub fn attn_with_kvcache_into<T: Element>(
     lse: &mut DeviceTensor<f32>,
 ) -> Result<()> {
     check_dtype::<T>()?;
+    params.check_no_dropout()?;
     let CacheCall {
         shape: call,
         max_keys,

@@ -17,15 +17,16 @@ pub(crate) struct FwdKernel {
     pub tile: FwdTile,
 }
 
-/// The forward kernel for a target, element type, head dim and mask: the registry's kernel of
-/// that mask kind with the smallest compiled head dim ≥ `head_dim` (the kernel pads the rest
-/// with zeros). Errors:
+/// The forward kernel for a target, element type, head dim, mask and dropout: the registry's
+/// kernel of that mask kind and dropout (see `registry::fwd_kernel`) with the smallest
+/// compiled head dim ≥ `head_dim` (the kernel pads the rest with zeros). Errors:
 /// [`FlashError::DType`] for f32, [`FlashError::HeadDim`] when no kernel covers `head_dim`.
 pub(crate) fn fwd_kernel(
     arch: Arch,
     dtype: DType,
     head_dim: usize,
     mask: MaskKind,
+    dropout: bool,
 ) -> Result<FwdKernel> {
     let dtype = match dtype {
         DType::F16 => KernelDType::F16,
@@ -36,7 +37,7 @@ pub(crate) fn fwd_kernel(
             ))
         }
     };
-    match registry::fwd_kernel(head_dim, mask) {
+    match registry::fwd_kernel(head_dim, mask, dropout) {
         Some(k) => Ok(FwdKernel {
             name: k.name(dtype),
             tile: k.tile(arch),
@@ -51,24 +52,26 @@ mod tests {
 
     #[test]
     fn odd_head_dims_run_on_the_next_compiled_kernel() {
-        let k = fwd_kernel(Arch::Sm80, DType::BF16, 80, MaskKind::Causal).unwrap();
+        let k = fwd_kernel(Arch::Sm80, DType::BF16, 80, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_bf16_d96");
         assert_eq!(k.tile.head_dim, 96);
-        let k = fwd_kernel(Arch::Sm90a, DType::F16, 1, MaskKind::Causal).unwrap();
+        let k = fwd_kernel(Arch::Sm90a, DType::F16, 1, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d32");
-        let k = fwd_kernel(Arch::Sm90a, DType::BF16, 128, MaskKind::Masked).unwrap();
+        let k = fwd_kernel(Arch::Sm90a, DType::BF16, 128, MaskKind::Masked, false).unwrap();
         assert_eq!(k.name, "flash_fwd_masked_bf16_d128");
+        let k = fwd_kernel(Arch::Sm90a, DType::BF16, 100, MaskKind::Causal, true).unwrap();
+        assert_eq!(k.name, "flash_fwd_masked_dropout_bf16_d128");
     }
 
     #[test]
     fn f32_and_uncovered_head_dims_are_rejected() {
         assert!(matches!(
-            fwd_kernel(Arch::Sm80, DType::F32, 64, MaskKind::Causal),
+            fwd_kernel(Arch::Sm80, DType::F32, 64, MaskKind::Causal, false),
             Err(FlashError::DType(_))
         ));
         for d in [0, 257] {
             assert!(matches!(
-                fwd_kernel(Arch::Sm80, DType::F16, d, MaskKind::Masked),
+                fwd_kernel(Arch::Sm80, DType::F16, d, MaskKind::Masked, true),
                 Err(FlashError::HeadDim(x)) if x == d
             ));
         }

@@ -5,6 +5,7 @@
 //! that break the kernel's alignment rule, and [`crate::launch`] launches.
 
 mod dispatch;
+mod dropout_mask;
 pub(crate) mod layout;
 pub(crate) mod validate;
 
@@ -20,6 +21,7 @@ use crate::seqs::{gpu_runs, SeqRun, Varlen};
 use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
 use dispatch::{fwd_kernel, FwdKernel};
+pub use dropout_mask::flash_attn_dropout_mask;
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use validate::{
     check_dtype, check_output_shapes, check_placement, dims, input_shape, lse_ref, varlen_shape,
@@ -61,8 +63,10 @@ pub fn flash_attn_into<T: Element>(
     let runs = gpu_runs(&shape, params, None)?;
     let call = ForwardCall::checked(dev, &shape, [q, k, v], o, lse, params)?;
     // Few queries over many keys: the split-KV decode kernels fill the GPU where one block
-    // per query tile would leave it idle.
-    if crate::decode::forward_via_decode(dev, q, k, v, &shape, params, o, lse)? {
+    // per query tile would leave it idle (not with dropout: those kernels take none).
+    if call.dropout.is_none()
+        && crate::decode::forward_via_decode(dev, q, k, v, &shape, params, o, lse)?
+    {
         return Ok(());
     }
     call.launch(dev, [q, k, v], o, lse, params, &runs)
@@ -143,6 +147,8 @@ struct ForwardCall {
     shape: AttnShape,
     kernel: FwdKernel,
     scale_log2: f32,
+    /// Attention dropout, if any (checked).
+    dropout: Option<crate::params::Dropout>,
 }
 
 impl ForwardCall {
@@ -157,7 +163,14 @@ impl ForwardCall {
         params: &AttnParams,
     ) -> Result<Self> {
         let d = shape.head_dim;
-        let kernel = fwd_kernel(dev.arch(), T::DTYPE, d, params.mask_kind())?;
+        let dropout = params.active_dropout()?;
+        let kernel = fwd_kernel(
+            dev.arch(),
+            T::DTYPE,
+            d,
+            params.mask_kind(),
+            dropout.is_some(),
+        )?;
         let scale_log2 = params.kernel_scale_log2(d)?;
         params.check_masks(shape.batch, shape.heads_q)?;
         params.check_bit_masks(shape)?;
@@ -166,6 +179,7 @@ impl ForwardCall {
             shape: *shape,
             kernel,
             scale_log2,
+            dropout,
         })
     }
 
@@ -198,6 +212,7 @@ impl ForwardCall {
             mask: mask.args,
             scale_log2: self.scale_log2,
             reserved: 0,
+            dropout: Default::default(),
         };
         let tile = self.kernel.tile;
         for run in runs.iter().filter(|r| r.len_q > 0) {
@@ -209,6 +224,7 @@ impl ForwardCall {
                 lse: run.stats(base.lse),
                 dims: run.dims(shape, padded_d),
                 mask: run.mask(base.mask),
+                dropout: run.dropout(self.dropout),
                 ..base
             };
             let grid = (

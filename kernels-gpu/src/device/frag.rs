@@ -198,6 +198,22 @@ impl<const MT: usize, const NT: usize> RegFragments<MT> for PackedTile<MT, NT> {
     }
 }
 
+/// A packed tile read as an `mma` operand with its negative elements replaced by zero, each
+/// fragment as it is fetched (no second tile in registers; a bit operation per pair, for f16
+/// and bf16 alike: the sign is bit 15 of each half). The backward marks dropped probabilities
+/// by their sign (see [`crate::device::dropout`]).
+pub struct NonNegative<'a, const MT: usize, const NT: usize>(pub &'a PackedTile<MT, NT>);
+
+impl<const MT: usize, const NT: usize> RegFragments<MT> for NonNegative<'_, MT, NT> {
+    #[inline(always)]
+    unsafe fn a_fragment<E: Elem>(&self, mt: usize, kk: usize) -> [u32; 4] {
+        self.0.a_fragment::<E>(mt, kk).map(|x| {
+            let negative = ((x >> 15) & 0x0001_0001) * 0xffff;
+            x & !negative
+        })
+    }
+}
+
 impl<const MT: usize, const NT: usize> RegFragments<MT> for AccTile<MT, NT> {
     #[inline(always)]
     unsafe fn a_fragment<E: Elem>(&self, mt: usize, kk: usize) -> [u32; 4] {

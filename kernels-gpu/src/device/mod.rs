@@ -8,6 +8,7 @@
 
 pub(crate) mod bwd;
 pub(crate) mod decode;
+pub(crate) mod dropout;
 pub(crate) mod elem;
 pub(crate) mod frag;
 pub(crate) mod fwd;

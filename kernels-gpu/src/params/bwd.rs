@@ -1,6 +1,6 @@
 //! Parameters of the backward family (the pre-pass, the main kernel and the dQ conversion).
 
-use super::{MaskArgs, RowStatsRef, SeqDims, TensorRef};
+use super::{DropoutArgs, MaskArgs, RowStatsRef, SeqDims, TensorRef};
 
 /// Parameters of the backward kernels (`flash_bwd_*`), one struct for the three launches.
 ///
@@ -52,8 +52,10 @@ pub struct BwdParams {
     pub dq_splits: u32,
     /// Keeps the size a multiple of 8 bytes.
     pub reserved: u32,
+    /// Dropout arguments (read by the dropout kernels only).
+    pub dropout: DropoutArgs,
 }
 
-const _: () = assert!(core::mem::size_of::<BwdParams>() == 9 * 32 + 2 * 24 + 24 + 8 + 64 + 16);
+const _: () = assert!(core::mem::size_of::<BwdParams>() == 9 * 32 + 2 * 24 + 24 + 8 + 64 + 16 + 32);
 const _: () = assert!(core::mem::offset_of!(BwdParams, lse) == 288);
 const _: () = assert!(core::mem::offset_of!(BwdParams, dims) == 336);

@@ -1,6 +1,6 @@
 //! Parameters of the forward family.
 
-use super::{MaskArgs, RowStatsRef, SeqDims, TensorRef};
+use super::{DropoutArgs, MaskArgs, RowStatsRef, SeqDims, TensorRef};
 
 /// Parameters of the forward kernels (`flash_fwd_*`).
 ///
@@ -28,9 +28,11 @@ pub struct FwdParams {
     pub reserved: u32,
     /// Mask arguments.
     pub mask: MaskArgs,
+    /// Dropout arguments (read by the dropout kernels only).
+    pub dropout: DropoutArgs,
 }
 
-const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 64 + 8);
+const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 64 + 8 + 32);
 const _: () = assert!(core::mem::offset_of!(FwdParams, lse) == 128);
 const _: () = assert!(core::mem::offset_of!(FwdParams, dims) == 152);
 const _: () = assert!(core::mem::offset_of!(FwdParams, mask) == 184);

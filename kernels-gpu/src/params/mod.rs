@@ -170,6 +170,42 @@ impl Default for MaskArgs {
     }
 }
 
+/// Attention dropout's arguments ([`crate::rng`]), in the forward and backward parameters;
+/// `threshold = 0` with `scale = 1` keeps everything (the kernels without dropout ignore them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DropoutArgs {
+    /// Philox seed.
+    pub seed: u64,
+    /// Philox offset (a second key, so that calls with one seed draw different masks).
+    pub offset: u64,
+    /// An element is dropped when its 16 random bits are below this: `round(p·2¹⁶)`.
+    pub threshold: u32,
+    /// `1 / (1 − p)`: what kept probabilities are multiplied by.
+    pub scale: f32,
+    /// Index in the call of the launch's first sequence (a varlen or key-padded call runs one
+    /// launch per run of sequences; the generator counts sequences of the whole call).
+    pub batch0: u32,
+    /// Keeps the size a multiple of 8 bytes.
+    pub reserved: u32,
+}
+
+impl DropoutArgs {
+    /// The arguments for probability `p ∈ [0, 1)` (checked by the host), `seed` and `offset`,
+    /// for a launch whose first sequence is `batch0`.
+    pub fn new(p: f32, seed: u64, offset: u64, batch0: u32) -> Self {
+        Self {
+            seed,
+            offset,
+            threshold: (p as f64 * 65536.0 + 0.5) as u32,
+            scale: (1.0 / (1.0 - p as f64)) as f32,
+            batch0,
+            reserved: 0,
+        }
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<DropoutArgs>() == 32);
 const _: () = assert!(core::mem::size_of::<Strides>() == 24);
 const _: () = assert!(core::mem::size_of::<TensorRef>() == 32);
 const _: () = assert!(core::mem::size_of::<RowStatsRef>() == 24);

@@ -13,7 +13,10 @@
 //! `--op masks` times the mask family and varlen instead (see `masks.rs`): rows with a `mask`
 //! key, N = 16K and 64K (`--quick`: 16K; `--n` picks one).
 //!
-//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all|decode|masks]
+//! `--op dropout` times attention dropout (see `dropout.rs`): rows with a `dropout` key,
+//! p = 0.1 beside p = 0.
+//!
+//! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all|decode|masks|dropout]
 //! [--mode fast|deterministic|both] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
 //! [--causal true|false]` (`--mode`: the backward mode of the `bwd` and `fwd_bwd` rows, their
 //! `mode` key; the last four restrict the sweep,
@@ -31,6 +34,7 @@ use flash_attn::{
 };
 use half::{bf16, f16};
 
+mod dropout;
 mod masks;
 
 const TOKENS: usize = 16 * 1024;
@@ -244,9 +248,10 @@ struct Args {
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
     /// What to time: the forward (`fwd`), the backward alone (`bwd`), forward + backward
-    /// (`fwd_bwd`) or all three (`all`)
+    /// (`fwd_bwd`) or all three (`all`); or the decode path (`decode`), the mask family
+    /// (`masks`) or attention dropout (`dropout`)
     #[arg(long, value_name = "OP", default_value = "fwd",
-          value_parser = ["fwd", "bwd", "fwd_bwd", "all", "decode", "masks"])]
+          value_parser = ["fwd", "bwd", "fwd_bwd", "all", "decode", "masks", "dropout"])]
     op: String,
     /// Backward mode(s) of the `bwd` and `fwd_bwd` rows: `fast`, `deterministic` or `both`
     #[arg(long, value_name = "MODE", default_value = "fast",
@@ -331,8 +336,10 @@ fn main() {
     };
     let device = dev.name().unwrap_or_default();
     let date = std::env::var("BENCH_DATE").unwrap_or_default();
-    if args.op == "decode" || args.op == "masks" {
-        let rows = if args.op == "masks" {
+    if ["decode", "masks", "dropout"].contains(&args.op.as_str()) {
+        let rows = if args.op == "dropout" {
+            dropout::bench_dropout(&dev, reps, quick, args.d, args.n)
+        } else if args.op == "masks" {
             let ns = match (args.n, quick) {
                 (Some(n), _) => vec![n],
                 (None, true) => vec![16384],

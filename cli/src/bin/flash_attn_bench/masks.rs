@@ -98,7 +98,7 @@ fn cases(n: usize) -> Result<Vec<MaskCase>> {
 }
 
 /// Random values in [-1, 1) on the device.
-fn tensor(dev: &Device, shape: &[usize], seed: u64) -> Result<DeviceTensor<bf16>> {
+pub(crate) fn tensor(dev: &Device, shape: &[usize], seed: u64) -> Result<DeviceTensor<bf16>> {
     let n: usize = shape.iter().product();
     let v: Vec<bf16> = flash_attn_cli::sample::uniform(n, seed, -1.0, 1.0)
         .into_iter()
@@ -157,7 +157,7 @@ pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize]) -> Result<Vec<Value>
 /// Median ms of the forward and of forward + backward (fast mode) of one call, as
 /// `[("fwd", ms), ("fwd_bwd", ms)]`.
 #[allow(clippy::too_many_arguments)]
-fn time_fwd_and_bwd(
+pub(crate) fn time_fwd_and_bwd(
     dev: &Device,
     reps: usize,
     [q, k, v, d_o]: [&DeviceTensor<bf16>; 4],

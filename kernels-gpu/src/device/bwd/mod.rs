@@ -17,15 +17,16 @@
 //!     Sᵀ = Kⱼ·Qᵢᵀ                               mma.sync, f32; per warp 16 keys × BM queries
 //!     Pᵀ = 2^(c·Sᵀ − LSE·log2 e)                hidden scores zeroed, only in tiles that
 //!                                               cross the mask's edge
-//!     dVⱼ += Pᵀ·dOᵢ                             Pᵀ straight from registers
-//!     dPᵀ = Vⱼ·dOᵢᵀ;  dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢ)
+//!     [dropout: dropped Pᵀ negated]             Z from Philox (`device::dropout`)
+//!     dVⱼ += (Pᵀ ∘ Z)·dOᵢ                       Pᵀ straight from registers
+//!     dPᵀ = Vⱼ·dOᵢᵀ;  dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢ)      with dropout: Pᵀ ∘ (Z·dPᵀ/(1 − p) − Dᵢ)
 //!     dKⱼ += dSᵀ·Qᵢ                             dSᵀ straight from registers
 //!     dSᵀ → shared; [staged: wait]; bar.sync    (B) dSᵀ complete, the dQ stage free
 //!     dQᵢ += scale·dS·Kⱼ                        16 query rows × a column slice per warp:
 //!                                               f32 atomic adds into the block's accumulator,
 //!                                               or (staged dQ, sm_90) into the stage
 //! [staged: bar.sync, bulk add of the last tile, wait]
-//! write scale·dKⱼ and dVⱼ
+//! write scale·dKⱼ and dVⱼ [·1/(1 − p)]
 //! ```
 //!
 //! Blocks take key tiles `blockIdx.x`, `+ gridDim.x`, …: in fast mode one each, all adding
@@ -47,8 +48,9 @@ mod passes;
 
 pub use passes::{bwd_convert_dq, bwd_prep};
 
+use super::dropout::{mark_dropped, rng_for};
 use super::elem::Elem;
-use super::frag::{AccTile, FragPos, PackedTile, ThreadPos};
+use super::frag::{AccTile, FragPos, NonNegative, PackedTile, ThreadPos};
 use super::gemm::{mma_ab, mma_abt, mma_pb, SmemCols, SmemRows};
 use super::ptx;
 use super::tile::{LaneOffsets, SmemTile};
@@ -68,7 +70,8 @@ pub(super) const LOG2_E: f32 = core::f32::consts::LOG2_E;
 /// tiles) and `DQ_TILES`, the 8-column tiles of dQ computed at a time (fewer than
 /// `DQ_COL_TILES` keeps registers for large head dims), and `DP_TILES`, the 8-query column
 /// tiles of dPᵀ/dSᵀ computed at a time, and `STAGED_DQ` (dQ through the shared stage and the
-/// bulk engine; sm_90 only). All are passed by the registry from
+/// bulk engine; sm_90 only), and `DROPOUT` (attention dropout from `p.dropout`, see
+/// [`crate::rng`]). All are passed by the registry from
 /// one [`crate::config::BwdTile`] and checked here.
 ///
 /// # Safety
@@ -94,6 +97,7 @@ pub unsafe fn flash_bwd<
     const DQ_TILES: usize,
     const DP_TILES: usize,
     const STAGED_DQ: bool,
+    const DROPOUT: bool,
 >(
     p: &BwdParams,
 ) {
@@ -129,6 +133,7 @@ pub unsafe fn flash_bwd<
             DQ_TILES,
             DP_TILES,
             STAGED_DQ,
+            DROPOUT,
         >(p, n, kv_head, batch);
         n += ptx::nctaid_x();
     }
@@ -153,6 +158,7 @@ unsafe fn key_tile<
     const DQ_TILES: usize,
     const DP_TILES: usize,
     const STAGED_DQ: bool,
+    const DROPOUT: bool,
 >(
     p: &BwdParams,
     n: u32,
@@ -243,11 +249,20 @@ unsafe fn key_tile<
                 }
             });
         }
+        if DROPOUT {
+            let rng = rng_for(&p.dropout, batch, head, dims.heads_q);
+            mark_dropped(&rng, &mut pt, key0 + warp_k0 as u32, row0, pos_s);
+        }
         // Pᵀ in 16 bits from here on: it is the `mma` operand, and keeping it packed frees
         // registers for dPᵀ (dS = P ∘ (dP − D) uses the rounded P).
         let pt = PackedTile::pack::<E>(&pt);
         let (d_o_cols, dkv_lanes) = d_o.kn_slice(&step_lanes, dkv_pair0, DKV_TILES / 2);
-        mma_pb::<E, 1, Q_TILES, DKV_TILES, BM, PITCH>(&mut dv, &pt, d_o_cols, &dkv_lanes, 0);
+        if DROPOUT {
+            let kept = NonNegative(&pt); // P ∘ Z: the dropped (negated) probabilities read as 0
+            mma_pb::<E, 1, Q_TILES, DKV_TILES, BM, PITCH>(&mut dv, &kept, d_o_cols, &dkv_lanes, 0);
+        } else {
+            mma_pb::<E, 1, Q_TILES, DKV_TILES, BM, PITCH>(&mut dv, &pt, d_o_cols, &dkv_lanes, 0);
+        }
         // dPᵀ = Vⱼ·dOᵢᵀ, dSᵀ = Pᵀ ∘ (dPᵀ − D), dKⱼ += dSᵀ·Qᵢ and dSᵀ → shared, `DP_TILES`
         // query columns of 8 at a time (fewer live registers for large head dims).
         let (q_cols, _) = q.kn_slice(&step_lanes, dkv_pair0, DKV_TILES / 2);
@@ -261,8 +276,14 @@ unsafe fn key_tile<
                 &step_lanes,
             );
             ds.for_each_mut(|mt, r, nt, c, x| {
-                let p = pt.get::<E>(mt, r, part * DP_TILES + nt, c);
-                *x = p * (*x - smem.delta(buf, (c0 as u32) + pos_s.col(nt, c)));
+                let prob = pt.get::<E>(mt, r, part * DP_TILES + nt, c);
+                let delta = smem.delta(buf, (c0 as u32) + pos_s.col(nt, c));
+                *x = match DROPOUT {
+                    // Kept (P ≥ 0): P·(dP/(1 − p) − D); dropped (stored as −P): −P·D.
+                    true if prob >= 0.0 => prob * (*x * p.dropout.scale - delta),
+                    true => prob * delta,
+                    false => prob * (*x - delta),
+                };
                 if modifies {
                     *x *= grad.get(mt, r, part * DP_TILES + nt, c);
                 }
@@ -332,6 +353,7 @@ unsafe fn key_tile<
     let WarpRoles {
         warp_k0, dkv_pair0, ..
     } = roles(me.warp);
+    let dv_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
     for r in 0..2 {
         let key = key0 + warp_k0 as u32 + pos.row(0, r);
         if key >= dims.seqlen_k {
@@ -345,7 +367,7 @@ unsafe fn key_tile<
                 let [k0, k1] = dk.pair(0, r, dt);
                 let [v0, v1] = dv.pair(0, r, dt);
                 *(dk_dst.add(col as usize) as *mut u32) = E::pack(k0 * p.scale, k1 * p.scale);
-                *(dv_dst.add(col as usize) as *mut u32) = E::pack(v0, v1);
+                *(dv_dst.add(col as usize) as *mut u32) = E::pack(v0 * dv_scale, v1 * dv_scale);
             }
         }
     }

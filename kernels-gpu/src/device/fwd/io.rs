@@ -204,8 +204,8 @@ impl<
     }
 }
 
-/// Finishes the softmax and writes O (normalised, 16-bit, 4 bytes per store) and LSE for the
-/// warp's rows starting at sequence row `first_row`; rows past the sequence are skipped. Rows
+/// Finishes the softmax and writes O (normalised and multiplied by `o_scale`, dropout's
+/// `1/(1 − p)` or 1; 16-bit, 4 bytes per store) and LSE for the warp's rows starting at sequence row `first_row`; rows past the sequence are skipped. Rows
 /// the mask lets see no key get O = 0, LSE = −∞ (see [`OnlineSoftmax::finish`]).
 ///
 /// # Safety
@@ -218,11 +218,13 @@ pub unsafe fn store_output<E: Elem, M: AttnMask, const MT: usize, const D_TILES:
     first_row: u32,
     o: &AccTile<MT, D_TILES>,
     softmax: &OnlineSoftmax<MT>,
+    o_scale: f32,
 ) {
     let pos = FragPos::of(ThreadPos::current().lane);
     let rows = RowVec::<u32, MT>::from_fn(|mt, r| first_row + pos.row(mt, r));
     let fin = softmax.finish(rows.map(|row| mask.row_sees_keys(row)));
     fin.inv_l.for_each(|mt, r, inv| {
+        let inv = inv * o_scale;
         let row = rows.0[mt][r];
         if row >= block.seqlen_q {
             return;

@@ -10,9 +10,11 @@
 //!     S = Q·Kⱼᵀ                                mma.sync m16n8k16, f32 accumulators
 //!     mask S (only tiles the mask flags), modify scores (masks that do)
 //!     P, m, l ← online softmax of S            O rescaled only when some row max moved
+//!     [dropout: P ← P ∘ Z]                     Z from Philox (`device::dropout`); l keeps
+//!                                              the sum before dropout
 //!     O += P·Vⱼ                                P converted to 16 bits in registers: it is
 //!                                              already the A fragment of the next mma
-//! O /= l;  LSE = (m + log2 l)·ln 2             one write of O and LSE per row
+//! O /= l [·1/(1 − p)];  LSE = (m + log2 l)·ln 2   one write of O and LSE per row
 //! ```
 //!
 //! Tile shape: `BM = 16·MT·WARPS` query rows per block; each warp owns `MT` m-tiles of 16 rows
@@ -27,6 +29,7 @@
 
 pub(crate) mod io;
 
+use super::dropout::{drop_probabilities, rng_for};
 use super::elem::Elem;
 use super::frag::{AccTile, FragPos, RowVec, ThreadPos};
 use super::gemm::{mma_abt, mma_pb};
@@ -37,13 +40,15 @@ use crate::block::BlockInfo;
 use crate::config::MMA_M;
 use crate::mask::AttnMask;
 use crate::params::FwdParams;
+use crate::rng::DropoutRng;
 use core::marker::PhantomData;
 use io::{store_output, FwdSmem, KvSource, KvTiles, QFragments, QOperand};
 
 /// The forward kernel body for any mask type `M`; see the module docs. Const parameters: `D`
 /// compiled head dim, `PITCH` shared row length, `BM`/`BN` tile rows/keys, `WARPS`, `MT`
 /// m-tiles per warp, `Q_IN_REGS`, and the derived counts `K_STEPS = D/16`, `D_TILES = D/8`,
-/// `N_TILES = BN/8` (stable Rust cannot compute array lengths from const parameters, so the
+/// `N_TILES = BN/8`, and `DROPOUT` (attention dropout from `p.dropout`; see
+/// [`crate::rng`]) (stable Rust cannot compute array lengths from const parameters, so the
 /// registry passes them and this checks them).
 ///
 /// # Safety
@@ -63,6 +68,7 @@ pub unsafe fn flash_fwd<
     const K_STEPS: usize,
     const D_TILES: usize,
     const N_TILES: usize,
+    const DROPOUT: bool,
 >(
     p: &FwdParams,
 ) {
@@ -101,7 +107,7 @@ pub unsafe fn flash_fwd<
                 kv.load::<D, WARPS, BN, PITCH>(smem.kv(buf ^ 1), next, me.tid);
                 ptx::cp_async_commit_group();
             }
-            let step = Step::<E, M, BM, BN, PITCH, MT, K_STEPS, N_TILES, Q_IN_REGS> {
+            let step = Step::<E, M, BM, BN, PITCH, MT, K_STEPS, N_TILES, Q_IN_REGS, DROPOUT> {
                 q: QOperand {
                     frags: &q_frags,
                     tile: smem.q,
@@ -114,6 +120,7 @@ pub unsafe fn flash_fwd<
                 lanes,
                 rows,
                 key0: n * BN as u32,
+                rng: rng_for(&p.dropout, block.batch, block.head, p.dims.heads_q),
                 elem: PhantomData,
             };
             if mask.tile_needs_mask(row0, bm, n, bn) {
@@ -127,7 +134,9 @@ pub unsafe fn flash_fwd<
             ptx::bar_sync(); // tile `next` landed; every warp is done with the buffer it frees
         }
     }
-    store_output::<E, M, MT, D_TILES>(p, &block, &mask, row0 + warp_m0 as u32, &o, &softmax);
+    let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
+    let first_row = row0 + warp_m0 as u32;
+    store_output::<E, M, MT, D_TILES>(p, &block, &mask, first_row, &o, &softmax, o_scale);
 }
 
 /// One step of the key loop: what this thread reads and where its rows and keys are.
@@ -142,6 +151,7 @@ struct Step<
     const K_STEPS: usize,
     const N_TILES: usize,
     const Q_IN_REGS: bool,
+    const DROPOUT: bool,
 > {
     /// The warp's Q fragments (registers or the Q tile).
     q: QOperand<'a, MT, K_STEPS, Q_IN_REGS, BM, PITCH>,
@@ -157,6 +167,8 @@ struct Step<
     rows: RowVec<u32, MT>,
     /// First key of the tile.
     key0: u32,
+    /// The (batch, head)'s dropout generator (unused without `DROPOUT`).
+    rng: DropoutRng,
     elem: PhantomData<(E, [(); N_TILES])>,
 }
 
@@ -170,7 +182,8 @@ impl<
         const K_STEPS: usize,
         const N_TILES: usize,
         const Q_IN_REGS: bool,
-    > Step<'_, E, M, BM, BN, PITCH, MT, K_STEPS, N_TILES, Q_IN_REGS>
+        const DROPOUT: bool,
+    > Step<'_, E, M, BM, BN, PITCH, MT, K_STEPS, N_TILES, Q_IN_REGS, DROPOUT>
 {
     /// One step of Algorithm 1 for this key tile. `MASKED`: the tile holds keys some row may
     /// not see, so the mask's predicate runs (inside the softmax's max pass).
@@ -203,6 +216,9 @@ impl<
         };
         if let Some(rescale) = softmax.update::<MASKED, N_TILES>(&mut s, self.scale, visible) {
             o.scale_rows(&rescale); // O ·= 2^(m − m')
+        }
+        if DROPOUT {
+            drop_probabilities(&self.rng, &mut s, &self.rows, self.key0, pos);
         }
         mma_pb::<E, MT, N_TILES, D_TILES, BN, PITCH>(o, &s, self.kv.v, &lanes, 0);
         // O += P·V
