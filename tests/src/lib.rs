@@ -491,3 +491,13 @@ pub fn random_tree(rng: &mut impl Rng, batch: usize, drafts: usize) -> flash_att
         .collect();
     flash_attn::TreeMask::from_parents(batch, drafts, &parents).expect("valid parents")
 }
+
+/// The prefix sums `(cu_seqlens_q, cu_seqlens_k)` of `(queries, keys)` per sequence, from 0.
+pub fn prefix_sums(lens: &[(usize, usize)]) -> (Vec<i32>, Vec<i32>) {
+    let (mut cu_q, mut cu_k) = (vec![0i32], vec![0i32]);
+    for &(a, b) in lens {
+        cu_q.push(cu_q.last().unwrap() + a as i32);
+        cu_k.push(cu_k.last().unwrap() + b as i32);
+    }
+    (cu_q, cu_k)
+}

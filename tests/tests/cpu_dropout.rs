@@ -18,7 +18,7 @@ use flash_attn::{AttnParams, DType, Dropout, DropoutSeed, Element, FlashError};
 use flash_attn_kernels::params::DropoutArgs;
 use flash_attn_kernels::rng::DropoutRng;
 use flash_attn_tests::cpu::{cpu_backward_case, cpu_forward_case};
-use flash_attn_tests::{cases, mask_recipes, random_array, to_f64, Case, MaskRecipe};
+use flash_attn_tests::{cases, mask_recipes, prefix_sums, random_array, to_f64, Case, MaskRecipe};
 use half::{bf16, f16};
 use ndarray::{s, Array3, Array4, ArrayView4, Axis};
 use proptest::prelude::*;
@@ -617,12 +617,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let (hq, hkv, d) = (4, 2, 16);
-        let mut cu_q = vec![0i32];
-        let mut cu_k = vec![0i32];
-        for &(a, b) in &lens {
-            cu_q.push(cu_q.last().unwrap() + a as i32);
-            cu_k.push(cu_k.last().unwrap() + b as i32);
-        }
+        let (cu_q, cu_k) = prefix_sums(&lens);
         let (tq, tk) = (*cu_q.last().unwrap() as usize, *cu_k.last().unwrap() as usize);
         prop_assume!(tq > 0 && tk > 0);
         let mut rng = StdRng::seed_from_u64(seed);

@@ -8,7 +8,7 @@ use flash_attn::cpu::{
     attention_backward_cpu, attention_cpu, attention_varlen_backward_cpu, attention_varlen_cpu,
 };
 use flash_attn::{AttnParams, FlashError};
-use flash_attn_tests::{mask_recipes, random_array};
+use flash_attn_tests::{mask_recipes, prefix_sums, random_array};
 use half::bf16;
 use ndarray::{s, Array3, Array4, Axis};
 use proptest::prelude::*;
@@ -35,12 +35,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let (hq, hkv, d) = (4, 2, 24);
-        let mut cu_q = vec![0i32];
-        let mut cu_k = vec![0i32];
-        for &(a, b) in &lens {
-            cu_q.push(cu_q.last().unwrap() + a as i32);
-            cu_k.push(cu_k.last().unwrap() + b as i32);
-        }
+        let (cu_q, cu_k) = prefix_sums(&lens);
         let (tq, tk) = (*cu_q.last().unwrap() as usize, *cu_k.last().unwrap() as usize);
         prop_assume!(tq > 0 && tk > 0);
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);

@@ -22,8 +22,8 @@ use flash_attn::{
 };
 use flash_attn_tests::gpu::{device as gpu_device, gpu_cases, upload, Layout};
 use flash_attn_tests::{
-    check_accuracy, check_gradient_accuracy, mask_recipes, random_array, to_f64, Magnitude,
-    MaskRecipe, GPU_GRADIENT_FACTOR,
+    check_accuracy, check_gradient_accuracy, mask_recipes, prefix_sums, random_array, to_f64,
+    Magnitude, MaskRecipe, GPU_GRADIENT_FACTOR,
 };
 use half::{bf16, f16};
 use ndarray::{Array3, Array4, ArrayD, Axis, Ix3, Ix4};
@@ -106,14 +106,7 @@ fn case_strategy() -> impl Strategy<Value = VarCase> {
 impl VarCase {
     /// The prefix sums of the lengths.
     fn cu(&self) -> (Vec<i32>, Vec<i32>) {
-        let sums = |pick: fn(&(usize, usize)) -> usize| {
-            let mut acc = vec![0i32];
-            for l in &self.lens {
-                acc.push(acc.last().unwrap() + pick(l) as i32);
-            }
-            acc
-        };
-        (sums(|l| l.0), sums(|l| l.1))
+        prefix_sums(&self.lens)
     }
 
     /// The shape the tensors are built with: packed as one entry `[1, total, H, d]`, or a
