@@ -7,6 +7,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flash_attn_kernels::arch::Arch;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One GPU, ready to run the kernels: a context and the stream every call of this crate is
@@ -19,11 +20,27 @@ pub struct Device {
     compute_capability: (i32, i32),
     arch: Arch,
     force_ptx: bool,
+    /// Which kernels the forward takes on Hopper ([`ForwardPath`] as a `u8`).
+    forward_path: AtomicU8,
     max_smem_optin: usize,
     sm_count: usize,
     loaded: Mutex<HashMap<&'static str, Loaded>>,
     /// Blocks of each kernel an SM holds at once (see [`Device::resident_blocks`]).
     occupancy: Mutex<HashMap<&'static str, usize>>,
+}
+
+/// Which kernels the forward runs on Hopper (compute capability 9.0); other GPUs always run
+/// the `mma.sync` kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForwardPath {
+    /// The `wgmma` kernels for calls long enough for them to be faster (at least 1,024 keys,
+    /// 2,048 with a causal mask or a window), where the registry has one for the head dim and
+    /// mask; else `mma.sync`. The default.
+    Auto = 0,
+    /// The `wgmma` kernels wherever the registry has one, whatever the length (tests).
+    Wgmma = 1,
+    /// Always the `mma.sync` kernels (`FLASH_ATTN_FWD=mma`).
+    Mma = 2,
 }
 
 /// A kernel's module (kept alive as long as its function) and function.
@@ -46,7 +63,9 @@ pub fn device_count() -> Result<usize> {
 impl Device {
     /// Opens device `ordinal` (primary context) and creates a stream; loads no kernel yet.
     /// `FLASH_ATTN_PTX=sm80` forces the sm_80 kernels on newer devices and
-    /// `FLASH_ATTN_JIT=1` the PTX (JIT) path instead of the embedded SASS, for testing. Fails
+    /// `FLASH_ATTN_JIT=1` the PTX (JIT) path instead of the embedded SASS, and
+    /// `FLASH_ATTN_FWD=mma` or `=wgmma` one forward path on Hopper (see [`ForwardPath`]), for
+    /// testing. Fails
     /// with [`FlashError::NoDevice`] when there is no driver or no such device, and with
     /// [`FlashError::UnsupportedDevice`] below compute capability 8.0.
     pub fn new(ordinal: usize) -> Result<Self> {
@@ -65,6 +84,11 @@ impl Device {
             arch = Arch::Sm80;
         }
         let force_ptx = std::env::var("FLASH_ATTN_JIT").is_ok_and(|v| v == "1");
+        let forward_path = match std::env::var("FLASH_ATTN_FWD").as_deref() {
+            Ok("mma") => ForwardPath::Mma,
+            Ok("wgmma") => ForwardPath::Wgmma,
+            _ => ForwardPath::Auto,
+        };
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
@@ -85,6 +109,7 @@ impl Device {
             compute_capability: (major, minor),
             arch,
             force_ptx,
+            forward_path: AtomicU8::new(forward_path as u8),
             max_smem_optin,
             sm_count,
             loaded: Mutex::new(HashMap::new()),
@@ -105,6 +130,34 @@ impl Device {
     /// The target whose kernels run here (selects the tile shapes).
     pub fn arch(&self) -> Arch {
         self.arch
+    }
+
+    /// Which kernels the forward takes on Hopper (see [`ForwardPath`]; from `FLASH_ATTN_FWD`
+    /// at creation, `mma` or `wgmma`, else automatic).
+    pub fn forward_path(&self) -> ForwardPath {
+        match self.forward_path.load(Ordering::Relaxed) {
+            1 => ForwardPath::Wgmma,
+            2 => ForwardPath::Mma,
+            _ => ForwardPath::Auto,
+        }
+    }
+
+    /// Chooses the forward's kernels on Hopper for the calls made after this one (for
+    /// comparisons and tests). Other GPUs have only the `mma.sync` kernels and ignore it.
+    pub fn set_forward_path(&self, path: ForwardPath) {
+        self.forward_path.store(path as u8, Ordering::Relaxed);
+    }
+
+    /// Whether a forward call takes Hopper's `wgmma` kernels (where the registry has one for
+    /// it), given whether it is long enough for them to pay (`long`, for
+    /// [`ForwardPath::Auto`]).
+    pub(crate) fn wgmma_forward(&self, long: bool) -> bool {
+        self.arch == Arch::Sm90a
+            && match self.forward_path() {
+                ForwardPath::Auto => long,
+                ForwardPath::Wgmma => true,
+                ForwardPath::Mma => false,
+            }
     }
 
     /// Whether kernels load as embedded SASS (`true`) or through the driver's PTX JIT.

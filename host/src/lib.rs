@@ -17,6 +17,7 @@ pub mod kernels;
 mod launch;
 mod mask;
 pub mod params;
+pub mod probe;
 pub mod seqs;
 pub mod shape;
 pub mod sparse;
@@ -32,11 +33,12 @@ pub use decode::{
     attn_with_kvcache, attn_with_kvcache_into, auto_decode_splits, decode_splits,
     merge_attention_states, DecodeOptions, HostCacheMeta, KvCache, NewKv,
 };
-pub use device::{device_count, Device};
+pub use device::{device_count, Device, ForwardPath};
 pub use dtype::{DType, Element};
 pub use error::{FlashError, Result};
 pub use fwd::{
-    flash_attn, flash_attn_dropout_mask, flash_attn_into, flash_attn_varlen, flash_attn_varlen_into,
+    flash_attn, flash_attn_dropout_mask, flash_attn_into, flash_attn_varlen,
+    flash_attn_varlen_into, forward_kernel_name,
 };
 pub use params::{AttnParams, Dropout, DropoutSeed};
 pub use seqs::{HostVarlen, Varlen};

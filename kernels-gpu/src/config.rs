@@ -5,6 +5,13 @@
 /// Threads in a warp.
 pub const WARP_SIZE: usize = 32;
 
+/// Dynamic shared memory of the `wgmma` layout probe (`wgmma_probe_*`): A `[64][64]`,
+/// B `[128][64]` and V `[128][64]` of 16-bit elements.
+pub const PROBE_SMEM_BYTES: usize = 2 * (64 * 64 + 2 * 128 * 64);
+
+/// Threads of the `wgmma` layout probe (one warpgroup).
+pub const PROBE_THREADS: usize = 128;
+
 /// Rows of one `mma.m16n8k16` tile (its M).
 pub const MMA_M: usize = 16;
 
@@ -25,6 +32,9 @@ pub struct FwdTile {
     /// Keep the Q fragments in registers for the whole key loop (else re-read from shared
     /// memory at every step, which saves registers for large head dims).
     pub q_in_regs: bool,
+    /// (K, V) tile pairs in the shared-memory ring: 2 (double buffer) for the `mma.sync`
+    /// kernels, 3 for the `wgmma` ones (which read two tiles' K and V at once).
+    pub kv_stages: usize,
 }
 
 impl FwdTile {
@@ -38,6 +48,15 @@ impl FwdTile {
             warps,
             m_tiles,
             q_in_regs,
+            kv_stages: 2,
+        }
+    }
+
+    /// This tile with `stages` (K, V) pairs in the shared-memory ring.
+    pub const fn with_kv_stages(self, stages: usize) -> Self {
+        Self {
+            kv_stages: stages,
+            ..self
         }
     }
 
@@ -52,9 +71,9 @@ impl FwdTile {
         self.warps * WARP_SIZE
     }
 
-    /// Dynamic shared memory in bytes: the Q tile and two (K, V) tile pairs (double buffer).
+    /// Dynamic shared memory in bytes: the Q tile and `kv_stages` (K, V) tile pairs.
     pub const fn smem_bytes(&self) -> usize {
-        2 * self.smem_pitch() * (self.block_m + 4 * self.block_n)
+        2 * self.smem_pitch() * (self.block_m + 2 * self.kv_stages * self.block_n)
     }
 }
 

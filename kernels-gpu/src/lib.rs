@@ -17,6 +17,7 @@
 pub mod arch;
 pub mod block;
 pub mod config;
+pub mod gmma;
 pub mod mask;
 pub mod math;
 pub mod params;

@@ -16,6 +16,7 @@
 use crate::arch::{Arch, ARCH_COUNT};
 use crate::config::{
     BwdTile, DecodeTile, FwdTile, APPEND_THREADS, BWD_AUX_THREADS, COMBINE_THREADS, PAD_THREADS,
+    PROBE_SMEM_BYTES, PROBE_THREADS,
 };
 
 /// Element type of a kernel's 16-bit tensors.
@@ -63,6 +64,8 @@ pub enum Family {
     DecodePasses,
     /// Strided ⇄ packed copy, [`crate::params::PadParams`].
     Layout,
+    /// The `wgmma` layout probe, [`crate::params::ProbeParams`] (a self-test).
+    Probe,
 }
 
 /// One kernel per element type for a (head dim, mask kind), with its tile per target: a row
@@ -147,6 +150,24 @@ pub const fn fwd_kernel(
     kernel_for(FWD_KERNELS, head_dim, mask, dropout)
 }
 
+/// Hopper's `wgmma` forward kernel for a caller's `head_dim` under `mask`, with or without
+/// `dropout` (see [`kernel_for`]); the plain kind falls back on the general kind's kernel
+/// where it has none of its own (a window of `(∞, ∞)` or causal, no score modifier: the same
+/// results). `None` where neither exists.
+pub const fn fwd_wgmma_kernel(
+    head_dim: usize,
+    mask: MaskKind,
+    dropout: bool,
+) -> Option<&'static FwdKernel> {
+    match (kernel_for(FWD_WGMMA_KERNELS, head_dim, mask, dropout), mask) {
+        (Some(k), _) => Some(k),
+        (None, MaskKind::Causal) => {
+            kernel_for(FWD_WGMMA_KERNELS, head_dim, MaskKind::Masked, dropout)
+        }
+        (None, _) => None,
+    }
+}
+
 /// The backward kernel for a caller's `head_dim` under `mask`, with or without `dropout` (see
 /// [`fwd_kernel`]).
 pub const fn bwd_kernel(
@@ -174,6 +195,15 @@ pub struct KernelInfo {
     pub dyn_smem: [usize; ARCH_COUNT],
     /// Threads per block, per target.
     pub threads: [usize; ARCH_COUNT],
+    /// Whether the kernel exists on each target (the `wgmma` kernels are sm_90a only).
+    pub built: [bool; ARCH_COUNT],
+}
+
+impl KernelInfo {
+    /// Whether the kernel is built for `arch`.
+    pub const fn built_for(&self, arch: Arch) -> bool {
+        self.built[arch.index()]
+    }
 }
 
 /// The largest head dim any forward kernel takes.
@@ -193,6 +223,7 @@ pub const fn max_fwd_head_dim() -> usize {
 macro_rules! registry {
     (
         fwd { $( $d:literal $mask:ident $drop:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
+        fwd_wgmma { $( $wd:literal $wmask:ident $wdrop:ident [$wf16:ident, $wbf16:ident] $wblock_n:literal; )* }
         bwd { $( $bd:literal $bmask:ident $bdrop:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
         bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
         decode { $( $dd:literal $dmask:ident [$df16:ident, $dbf16:ident] $dtiles:expr; )* }
@@ -202,6 +233,7 @@ macro_rules! registry {
             append $append:ident;
         }
         layout { $( $pad:ident; )* }
+        probe { wgmma [$probe16:ident, $probeb16:ident]; }
     ) => {
         /// Every forward kernel.
         pub const FWD_KERNELS: &[FwdKernel] = &[$(
@@ -211,6 +243,18 @@ macro_rules! registry {
                 dropout: $drop,
                 names: [stringify!($f16), stringify!($bf16)],
                 tiles: tiles_of($d, $tiles),
+            },
+        )*];
+
+        /// Every forward kernel on Hopper's warpgroup products (built for sm_90a only; the
+        /// tile is the same in both target slots, see [`wgmma_tile`]).
+        pub const FWD_WGMMA_KERNELS: &[FwdKernel] = &[$(
+            FwdKernel {
+                head_dim: $wd,
+                mask: MaskKind::$wmask,
+                dropout: $wdrop,
+                names: [stringify!($wf16), stringify!($wbf16)],
+                tiles: [wgmma_tile($wd, $wblock_n); ARCH_COUNT],
             },
         )*];
 
@@ -248,6 +292,9 @@ macro_rules! registry {
         /// The attention-state merge entry points, indexed by [`KernelDType`].
         pub const MERGE_KERNELS: [&str; 2] = [stringify!($merge16), stringify!($mergeb16)];
 
+        /// The `wgmma` layout probe's entry points (sm_90a only), indexed by [`KernelDType`].
+        pub const WGMMA_PROBE_KERNELS: [&str; 2] = [stringify!($probe16), stringify!($probeb16)];
+
         /// The KV-cache append entry point (16-bit elements of either type).
         pub const APPEND_KERNEL: &str = stringify!($append);
 
@@ -256,6 +303,10 @@ macro_rules! registry {
             $(
                 fwd_info(stringify!($f16), tiles_of($d, $tiles)),
                 fwd_info(stringify!($bf16), tiles_of($d, $tiles)),
+            )*
+            $(
+                wgmma_info(stringify!($wf16), wgmma_tile($wd, $wblock_n)),
+                wgmma_info(stringify!($wbf16), wgmma_tile($wd, $wblock_n)),
             )*
             $(
                 bwd_info(stringify!($bf16_), bwd_tiles_of($bd, $btiles)),
@@ -280,8 +331,11 @@ macro_rules! registry {
                     family: Family::Layout,
                     dyn_smem: [0; ARCH_COUNT],
                     threads: [PAD_THREADS; ARCH_COUNT],
+                    built: [true; ARCH_COUNT],
                 },
             )*
+            probe_info(stringify!($probe16)),
+            probe_info(stringify!($probeb16)),
         ];
 
         /// The entry points: thin wrappers that pick the tile of the target being compiled
@@ -292,6 +346,10 @@ macro_rules! registry {
             $(
                 fwd_entry!($f16, F16, $mask, $drop, $d, $tiles);
                 fwd_entry!($bf16, Bf16, $mask, $drop, $d, $tiles);
+            )*
+            $(
+                fwd_wgmma_entry!($wf16, F16, $wmask, $wdrop, $wd, $wblock_n);
+                fwd_wgmma_entry!($wbf16, Bf16, $wmask, $wdrop, $wd, $wblock_n);
             )*
             $(
                 bwd_entry!($bf16_, F16, $bmask, $bdrop, $bd, $btiles);
@@ -317,6 +375,8 @@ macro_rules! registry {
             pub unsafe extern "ptx-kernel" fn $append(p: crate::params::AppendParams) {
                 crate::device::decode::kv_append(&p)
             }
+            probe_entry!($probe16, F16);
+            probe_entry!($probeb16, Bf16);
             $(
                 /// Strided ⇄ packed copy of 16-bit tensors; see `device::pad`.
                 ///
@@ -356,6 +416,49 @@ macro_rules! fwd_entry {
                 { $d / 16 },
                 { $d / 8 },
                 { T.block_n / 8 },
+                $drop,
+            >(&p)
+        }
+    };
+}
+
+/// One entry point of the `wgmma` layout probe (see `device::probe`); sm_90a only.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! probe_entry {
+    ($name:ident, $elem:ident) => {
+        /// The `wgmma` layout probe for one element type; see `device::probe`.
+        ///
+        /// # Safety
+        /// Launched by the host crate with one block of `PROBE_THREADS` threads and
+        /// `PROBE_SMEM_BYTES` of shared memory on buffers of the documented sizes.
+        #[cfg(flash_arch = "sm90a")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::ProbeParams) {
+            crate::device::probe::wgmma_probe::<crate::device::elem::$elem>(&p)
+        }
+    };
+}
+
+/// One forward entry point on `wgmma` (see `device::fwd::wgmma`); sm_90a only.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! fwd_wgmma_entry {
+    ($name:ident, $elem:ident, $mask:ident, $drop:ident, $d:literal, $block_n:literal) => {
+        /// Forward attention on Hopper's warpgroup products for one (dtype, head dim, mask,
+        /// dropout); see `device::fwd::wgmma`.
+        ///
+        /// # Safety
+        /// Launched by the host crate with the grid, block and shared memory of its tile.
+        #[cfg(flash_arch = "sm90a")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::FwdParams) {
+            crate::device::fwd::wgmma::flash_fwd_wgmma::<
+                crate::device::elem::$elem,
+                crate::mask::kind::$mask,
+                $d,
+                $block_n,
+                { $d / 8 },
+                { $block_n / 8 },
+                { wgmma_tile($d, $block_n).kv_stages },
                 $drop,
             >(&p)
         }
@@ -461,6 +564,7 @@ const fn pass_info(name: &'static str, threads: usize) -> KernelInfo {
         family: Family::DecodePasses,
         dyn_smem: [0; ARCH_COUNT],
         threads: [threads; ARCH_COUNT],
+        built: [true; ARCH_COUNT],
     }
 }
 
@@ -470,6 +574,7 @@ const fn aux_info(name: &'static str) -> KernelInfo {
         family: Family::BwdPasses,
         dyn_smem: [0; ARCH_COUNT],
         threads: [BWD_AUX_THREADS; ARCH_COUNT],
+        built: [true; ARCH_COUNT],
     }
 }
 
@@ -525,6 +630,7 @@ const fn decode_info(name: &'static str, tiles: [DecodeTile; ARCH_COUNT]) -> Ker
         family: Family::Decode,
         dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
         threads: per_arch!(tiles, 0, |t| t.threads()),
+        built: [true; ARCH_COUNT],
     }
 }
 
@@ -534,7 +640,38 @@ const fn fwd_info(name: &'static str, tiles: [FwdTile; ARCH_COUNT]) -> KernelInf
         family: Family::Fwd,
         dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
         threads: per_arch!(tiles, 0, |t| t.threads()),
+        built: [true; ARCH_COUNT],
     }
+}
+
+const fn probe_info(name: &'static str) -> KernelInfo {
+    let mut built = [false; ARCH_COUNT];
+    built[Arch::Sm90a.index()] = true;
+    KernelInfo {
+        name,
+        family: Family::Probe,
+        dyn_smem: [PROBE_SMEM_BYTES; ARCH_COUNT],
+        threads: [PROBE_THREADS; ARCH_COUNT],
+        built,
+    }
+}
+
+const fn wgmma_info(name: &'static str, tile: FwdTile) -> KernelInfo {
+    let mut built = [false; ARCH_COUNT];
+    built[Arch::Sm90a.index()] = true;
+    KernelInfo {
+        name,
+        family: Family::Fwd,
+        dyn_smem: [tile.smem_bytes(); ARCH_COUNT],
+        threads: [tile.threads(); ARCH_COUNT],
+        built,
+    }
+}
+
+/// The tile of a `wgmma` forward kernel: 2 warpgroups of 64 query rows, `block_n` keys, a
+/// ring of 3 (K, V) stages.
+pub const fn wgmma_tile(head_dim: usize, block_n: usize) -> FwdTile {
+    FwdTile::new(head_dim, (8, 1, block_n, false)).with_kv_stages(3)
 }
 
 const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInfo {
@@ -543,6 +680,7 @@ const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInf
         family: Family::Bwd,
         dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
         threads: per_arch!(tiles, 0, |t| t.threads()),
+        built: [true; ARCH_COUNT],
     }
 }
 
@@ -569,7 +707,7 @@ registry! {
         32 Sparse PLAIN [flash_fwd_sparse_f16_d32, flash_fwd_sparse_bf16_d32] [(4, 2, 64, true), (4, 2, 64, true)];
         64 Sparse PLAIN [flash_fwd_sparse_f16_d64, flash_fwd_sparse_bf16_d64] [(4, 2, 64, false), (4, 2, 64, false)];
         96 Sparse PLAIN [flash_fwd_sparse_f16_d96, flash_fwd_sparse_bf16_d96] [(4, 2, 32, false), (4, 2, 32, false)];
-        128 Sparse PLAIN [flash_fwd_sparse_f16_d128, flash_fwd_sparse_bf16_d128] [(4, 2, 32, false), (4, 2, 32, false)];
+        128 Sparse PLAIN [flash_fwd_sparse_f16_d128, flash_fwd_sparse_bf16_d128] [(4, 2, 32, false), (4, 2, 16, false)];
         256 Sparse PLAIN [flash_fwd_sparse_f16_d256, flash_fwd_sparse_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
         // Tree masks (few queries: one 64-row query tile covers a typical draft tree).
         32 Tree PLAIN [flash_fwd_tree_f16_d32, flash_fwd_tree_bf16_d32] [(4, 1, 64, true), (4, 1, 64, true)];
@@ -594,6 +732,19 @@ registry! {
         96 Tree DROPOUT [flash_fwd_tree_dropout_f16_d96, flash_fwd_tree_dropout_bf16_d96] [(4, 1, 32, false), (4, 1, 32, false)];
         128 Tree DROPOUT [flash_fwd_tree_dropout_f16_d128, flash_fwd_tree_dropout_bf16_d128] [(4, 1, 32, false), (4, 1, 32, false)];
         256 Tree DROPOUT [flash_fwd_tree_dropout_f16_d256, flash_fwd_tree_dropout_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
+    }
+    // Hopper's forward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, keys per
+    // tile (the query tile is 128 rows: two warpgroups of 64). d = 128 only: at d = 64 these
+    // kernels were 0.81–1.00× the `mma.sync` ones on the H100 (docs/perf-notes.md). At d = 128 the plain mask's
+    // kernel spills (8 B, ptxas) where the general mask's does not, so plain calls run on the
+    // general one (`fwd_wgmma_kernel`); the general and block-sparse masks with dropout at
+    // d = 128 spill too, and those calls take `mma.sync`.
+    fwd_wgmma {
+        128 Masked PLAIN [flash_fwd_wgmma_masked_f16_d128, flash_fwd_wgmma_masked_bf16_d128] 128;
+        128 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d128, flash_fwd_wgmma_sparse_bf16_d128] 128;
+        128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128;
+        128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128;
+        128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128;
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).
@@ -676,6 +827,9 @@ registry! {
     }
     layout {
         pad_copy_b16;
+    }
+    probe {
+        wgmma [wgmma_probe_f16, wgmma_probe_bf16];
     }
 }
 
@@ -776,7 +930,14 @@ mod tests {
         assert_eq!(names.len(), ALL_KERNELS.len());
         assert_eq!(
             ALL_KERNELS.len(),
-            2 * FWD_KERNELS.len() + 2 * BWD_KERNELS.len() + 4 + 2 * DECODE_KERNELS.len() + 5 + 1
+            2 * FWD_KERNELS.len()
+                + 2 * FWD_WGMMA_KERNELS.len()
+                + 2 * BWD_KERNELS.len()
+                + 4
+                + 2 * DECODE_KERNELS.len()
+                + 5
+                + 1
+                + 2
         );
     }
 
@@ -794,6 +955,46 @@ mod tests {
                 assert_eq!(bwd.mask, k.mask);
             }
         }
+    }
+
+    /// Every `wgmma` row: 128 × 128 tiles of two warpgroups in a 3-stage ring that fits
+    /// Hopper's 227 KiB, named `flash_fwd_wgmma_{kind}{dtype}_d{d}`, with an `mma.sync` row of
+    /// the same head dim, mask and dropout to fall back on; built for sm_90a alone.
+    #[test]
+    fn every_wgmma_row_fits_hopper_and_has_an_mma_twin() {
+        for k in FWD_WGMMA_KERNELS {
+            let t = k.tile(Arch::Sm90a);
+            assert_eq!(
+                (t.block_m, t.block_n, t.threads(), t.kv_stages),
+                (128, 128, 256, 3)
+            );
+            assert!(t.smem_bytes() <= SMEM_LIMITS[Arch::Sm90a.index()], "{t:?}");
+            assert_eq!(k.head_dim % crate::gmma::BLOCK_COLS, 0);
+            let twin = fwd_kernel(k.head_dim, k.mask, k.dropout).unwrap();
+            assert_eq!(twin.head_dim, k.head_dim);
+            assert_eq!(
+                fwd_wgmma_kernel(k.head_dim, k.mask, k.dropout)
+                    .unwrap()
+                    .name(KernelDType::F16),
+                k.name(KernelDType::F16)
+            );
+            for dtype in [KernelDType::F16, KernelDType::Bf16] {
+                let name = k.name(dtype);
+                assert!(name.starts_with("flash_fwd_wgmma_"), "{name}");
+                assert_eq!(name.contains("dropout"), k.dropout, "{name}");
+                let info = ALL_KERNELS.iter().find(|i| i.name == name).unwrap();
+                assert!(info.built_for(Arch::Sm90a) && !info.built_for(Arch::Sm80));
+            }
+        }
+    }
+
+    #[test]
+    fn plain_wgmma_calls_fall_back_on_the_general_kind() {
+        let k = fwd_wgmma_kernel(128, MaskKind::Causal, false).unwrap();
+        assert_eq!((k.head_dim, k.mask), (128, MaskKind::Masked));
+        let k = fwd_wgmma_kernel(64, MaskKind::Causal, false).unwrap();
+        assert_eq!((k.head_dim, k.mask), (128, MaskKind::Masked));
+        assert!(fwd_wgmma_kernel(128, MaskKind::Sparse, true).is_none());
     }
 
     #[test]

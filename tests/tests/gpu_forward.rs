@@ -43,7 +43,17 @@ fn run_case<T: Element>(
 }
 
 fn shape_strategy() -> impl Strategy<Value = AttnShape> {
-    let lens = prop::sample::select(vec![1usize, 7, 16, 31, 64, 65, 127, 128, 129, 200, 257]);
+    shapes_with(
+        vec![
+            8usize, 16, 24, 32, 40, 64, 72, 80, 96, 100, 128, 160, 200, 256,
+        ],
+        vec![1usize, 7, 16, 31, 64, 65, 127, 128, 129, 200, 257],
+    )
+}
+
+/// Random shapes whose head dim is one of `dims` and lengths are from `lens`.
+fn shapes_with(dims: Vec<usize>, lens: Vec<usize>) -> impl Strategy<Value = AttnShape> {
+    let lens = prop::sample::select(lens);
     let heads = prop::sample::select(vec![
         (1usize, 1usize),
         (2, 1),
@@ -52,9 +62,7 @@ fn shape_strategy() -> impl Strategy<Value = AttnShape> {
         (6, 2),
         (8, 1),
     ]);
-    let dims = prop::sample::select(vec![
-        8usize, 16, 24, 32, 40, 64, 72, 80, 96, 100, 128, 160, 200, 256,
-    ]);
+    let dims = prop::sample::select(dims);
     (1usize..=2, lens.clone(), lens, heads, dims).prop_map(
         |(batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim)| AttnShape {
             batch,
@@ -78,9 +86,24 @@ type ForwardCase = (
 );
 
 fn case_strategy() -> impl Strategy<Value = ForwardCase> {
+    cases_with(shape_strategy())
+}
+
+/// [`case_strategy`] at the head dims of Hopper's `wgmma` forward kernels (97..=128) and up
+/// to 5 key tiles of 128 (the kernel's 3-stage ring wraps from the fourth): with
+/// `FLASH_ATTN_FWD=wgmma` every case runs on them (elsewhere on the `mma.sync` d = 128 ones).
+fn wgmma_case_strategy() -> impl Strategy<Value = ForwardCase> {
+    cases_with(shapes_with(
+        vec![97usize, 100, 104, 112, 120, 128],
+        vec![1usize, 65, 128, 129, 257, 300, 385, 513, 640],
+    ))
+}
+
+/// Random cases of the given shapes.
+fn cases_with(shapes: impl Strategy<Value = AttnShape>) -> impl Strategy<Value = ForwardCase> {
     (
         any::<u64>(),
-        shape_strategy(),
+        shapes,
         any::<bool>(),
         prop::sample::select(vec![None, Some(0.3f32), Some(-0.25), Some(0.0)]),
         attention_mask_recipes(),
@@ -96,6 +119,14 @@ fn case_strategy() -> impl Strategy<Value = ForwardCase> {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: gpu_cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn forward_at_wgmma_head_dims_matches_reference((seed, shape, causal, scale, masks, mag, layout) in wgmma_case_strategy()) {
+        if let Some(dev) = device() {
+            prop_assert_eq!(run_case::<f16>(dev, seed, shape, causal, scale, masks, mag, layout), Ok(()));
+            prop_assert_eq!(run_case::<bf16>(dev, seed ^ 1, shape, causal, scale, masks, mag, layout), Ok(()));
+        }
+    }
 
     #[test]
     fn forward_f16_matches_reference((seed, shape, causal, scale, masks, mag, layout) in case_strategy()) {

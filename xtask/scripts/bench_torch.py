@@ -23,6 +23,12 @@ bytes as ours over PyTorch's time), `ratio_vs_cudnn` (our time over cuDNN's: ≤
 target) and `speedup_vs_flash` (flash's time over ours: ≥ 1.2 is the target). Our paged rows
 are compared with the same contiguous PyTorch call (SDPA has no paged cache).
 
+Forward rows carry the path our forward took (`path`: `wgmma` on Hopper, else `mma`) and, on
+Hopper, the `mma.sync` path's time on the same shape (`mma_ms`); they get `ratio_vs_cudnn`
+(our TFLOP/s over cuDNN's: >= 1 is the Hopper target), `ratio_vs_mma` (the mma.sync path's time
+over ours) and `gemm_fraction`, our TFLOP/s over a bf16 8192^3 torch.matmul timed in the same
+run (`torch_gemm_tflops`).
+
 Usage: bench_torch.py ours.json merged.json [--reps N]
 """
 import json
@@ -104,6 +110,17 @@ def time_op(op, q, k, v, grad, causal, reps):
 DECODE_BACKENDS = ("flash", "cudnn")
 
 
+def time_gemm(reps):
+    """TFLOP/s of a bf16 8192^3 torch.matmul on this GPU (the dense-GEMM yardstick)."""
+    n = 8192
+    a = torch.randn((n, n), device="cuda", dtype=torch.bfloat16)
+    b = torch.randn((n, n), device="cuda", dtype=torch.bfloat16)
+    ms = time_ms(lambda: a @ b, reps)
+    del a, b
+    torch.cuda.empty_cache()
+    return 2 * n**3 / (ms * 1e-3) / 1e12
+
+
 def time_decode(row, gen, reps):
     """PyTorch's numbers for one decode row (see the module docstring)."""
     b, n, hq, hkv, d = row["b"], row["n"], row["h"], row["h_kv"], row["d"]
@@ -167,6 +184,7 @@ def main():
         driver = None
     if rows and all(r.get("op") == "decode" for r in rows):
         return decode_main(rows, dst, reps, driver)
+    gemm_tflops = time_gemm(reps)
     key = lambda r: (r.get("op", "fwd"), r["dtype"], r["b"], r["n"], r["h"], r["d"], r["causal"])
     timed = {}
     fast_ms = {key(r): r["ours_ms"] for r in rows if r.get("mode", "fast") == "fast"}
@@ -218,15 +236,28 @@ def main():
             row["ratio_vs_fast"] = fast_ms[key(row)] / row["ours_ms"]
         del q, k, v, grad
         torch.cuda.empty_cache()
+    for row in rows:
+        cudnn = row.get("torch_cudnn_tflops")
+        row["ratio_vs_cudnn"] = row["ours_tflops"] / cudnn if cudnn else None
+        mma = row.get("mma_ms")
+        row["ratio_vs_mma"] = mma / row["ours_ms"] if mma else None
+        row["torch_gemm_tflops"] = gemm_tflops
+        row["gemm_fraction"] = row["ours_tflops"] / gemm_tflops
     json.dump(rows, open(dst, "w"), indent=1)
-    hdr = f"{'op':<7} {'mode':<5} {'dtype':<5} {'d':>4} {'n':>6} {'causal':<6} {'ours':>7} {'flash':>7} {'cudnn':>7} {'effic':>7} {'ours/flash':>10}"
+    print(f"bf16 GEMM 8192^3 (torch.matmul): {gemm_tflops:.1f} TFLOP/s")
+    hdr = (
+        f"{'op':<7} {'mode':<5} {'dtype':<5} {'d':>4} {'n':>6} {'causal':<6} {'path':<5} {'ours':>7} {'flash':>7} {'cudnn':>7}"
+        f" {'effic':>7} {'ours/flash':>10} {'ours/cudnn':>10} {'mma/ours':>8} {'gemm%':>5}"
+    )
     print(hdr)
-    fmt = lambda x: f"{x:7.1f}" if x is not None else "    n/a"
+    fmt = lambda x, w=7, p=1: f"{x:{w}.{p}f}" if x is not None else " " * (w - 3) + "n/a"
     for r in rows:
-        ratio = f"{r['ratio_vs_flash']:10.2f}" if r["ratio_vs_flash"] else "       n/a"
         print(
-            f"{r.get('op', 'fwd'):<7} {r.get('mode', 'fast')[:5]:<5} {r['dtype']:<5} {r['d']:>4} {r['n']:>6} {str(r['causal']):<6} {fmt(r['ours_tflops'])}"
-            f" {fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])} {ratio}"
+            f"{r.get('op', 'fwd'):<7} {r.get('mode', 'fast')[:5]:<5} {r['dtype']:<5} {r['d']:>4} {r['n']:>6} {str(r['causal']):<6}"
+            f" {r.get('path', 'mma'):<5} {fmt(r['ours_tflops'])}"
+            f" {fmt(r['torch_flash_tflops'])} {fmt(r['torch_cudnn_tflops'])} {fmt(r['torch_efficient_tflops'])}"
+            f" {fmt(r['ratio_vs_flash'], 10, 2)} {fmt(r['ratio_vs_cudnn'], 10, 2)} {fmt(r['ratio_vs_mma'], 8, 2)}"
+            f" {fmt(100 * r['gemm_fraction'], 5, 0)}"
         )
 
 

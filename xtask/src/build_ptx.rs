@@ -65,7 +65,7 @@ pub fn run(check: bool) -> Result<(), String> {
         let built = build_target(&tc, arch, &root)?;
         let scratch = root.join("target/ptx").join(arch.name).join("cubin");
         std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
-        for k in ALL_KERNELS {
+        for k in ALL_KERNELS.iter().filter(|k| k.built_for(arch.arch)) {
             let body = built
                 .get(k.name)
                 .ok_or_else(|| format!("{}: kernel {} was not built", arch.name, k.name))?;
@@ -103,6 +103,57 @@ pub fn run(check: bool) -> Result<(), String> {
     }
 }
 
+/// `build-ptx --arch NAME [--only SUBSTR,...]`: a trial build of one target that writes
+/// nothing under `host/kernels/` and runs ptxas only on the kernels whose names contain one
+/// of the substrings (all without `--only`), for a quick resource check while developing.
+pub struct Trial {
+    arch: &'static ArchInfo,
+    only: Vec<String>,
+}
+
+impl Trial {
+    /// The trial the arguments ask for, or `None` for a full build.
+    pub fn parse(args: &[String]) -> Result<Option<Trial>, String> {
+        let value = |flag: &str| {
+            let i = args.iter().position(|a| a == flag)?;
+            Some(args.get(i + 1).cloned().unwrap_or_default())
+        };
+        let Some(name) = value("--arch") else {
+            return Ok(None);
+        };
+        let arch = ARCHS
+            .iter()
+            .find(|a| a.name == name)
+            .ok_or_else(|| format!("--arch {name}: no such target"))?;
+        let only = value("--only")
+            .map(|s| s.split(',').map(str::to_owned).collect())
+            .unwrap_or_default();
+        Ok(Some(Trial { arch, only }))
+    }
+}
+
+/// Runs a [`Trial`]: builds its target and prints the ptxas report of the selected kernels.
+pub fn trial(t: &Trial) -> Result<(), String> {
+    let tc = toolchain::ensure()?;
+    let ptxas = toolchain::ptxas()?;
+    let root = cmd::repo_root();
+    let built = build_target(&tc, t.arch, &root)?;
+    let scratch = root.join("target/ptx").join(t.arch.name).join("trial");
+    std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
+    let mut usages = Vec::new();
+    let selected = ALL_KERNELS.iter().filter(|k| {
+        k.built_for(t.arch.arch)
+            && (t.only.is_empty() || t.only.iter().any(|s| k.name.contains(s.as_str())))
+    });
+    for k in selected {
+        let path = scratch.join(format!("{}.ptx", k.name));
+        std::fs::write(&path, &built[k.name]).map_err(|e| e.to_string())?;
+        let smem = k.dyn_smem[t.arch.arch.index()];
+        usages.push(ptxas::compile(&ptxas, &path, t.arch.sass, None, k, smem)?);
+    }
+    ptxas::print_report(&usages)
+}
+
 /// The first lines of every generated text file: what made it.
 fn header(comment: &str, identity: &str) -> String {
     format!(
@@ -120,7 +171,7 @@ fn index(identity: &str) -> String {
          pub(crate) static EMBEDDED: &[(&str, &str, &[u8], &[u8])] = &[\n",
     );
     for arch in &ARCHS {
-        for k in ALL_KERNELS {
+        for k in ALL_KERNELS.iter().filter(|k| k.built_for(arch.arch)) {
             s.push_str(&format!(
                 "    (\n        \"{a}\",\n        \"{k}\",\n        include_bytes!(\"{a}/{k}.ptx.z\"),\n        include_bytes!(\"{a}/{k}.cubin.z\"),\n    ),\n",
                 a = arch.name,
@@ -329,12 +380,12 @@ fn build_target(
             std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         kernels.insert(name.to_string(), text);
     }
-    if kernels.len() != ALL_KERNELS.len() {
+    let expected = ALL_KERNELS.iter().filter(|k| k.built_for(t.arch)).count();
+    if kernels.len() != expected {
         return Err(format!(
-            "{}: built {} kernels, the registry has {}",
+            "{}: built {} kernels, the registry has {expected} for it",
             t.name,
             kernels.len(),
-            ALL_KERNELS.len()
         ));
     }
     Ok(kernels)
@@ -384,7 +435,7 @@ mod tests {
     fn index_embeds_every_kernel_of_every_target() {
         let index = index("x");
         for arch in &ARCHS {
-            for k in ALL_KERNELS {
+            for k in ALL_KERNELS.iter().filter(|k| k.built_for(arch.arch)) {
                 assert!(index.contains(&format!(
                     "include_bytes!(\"{}/{}.ptx.z\")",
                     arch.name, k.name

@@ -31,14 +31,18 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rest = &args[args.len().min(1)..];
     let result = match args.first().map(String::as_str) {
-        Some("build-ptx") => build_ptx::run(rest.iter().any(|a| a == "--check")),
+        Some("build-ptx") => match build_ptx::Trial::parse(rest) {
+            Ok(Some(trial)) => build_ptx::trial(&trial),
+            Ok(None) => build_ptx::run(rest.iter().any(|a| a == "--check")),
+            Err(e) => Err(e),
+        },
         Some("ptxas-report") => ptxas::report_committed(),
         Some("bundle") => bundle::run(),
         Some("bench") => bench::run(rest),
         Some("bench-report") => bench::report(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <build-ptx [--check] | ptxas-report | bundle | bench [ARGS] | bench-report>"
+                "usage: cargo xtask <build-ptx [--check | --arch NAME [--only SUBSTR,...]] | ptxas-report | bundle | bench [ARGS] | bench-report>"
             );
             return ExitCode::from(2);
         }

@@ -19,10 +19,13 @@ pub(crate) struct FwdKernel {
 
 /// The forward kernel for a target, element type, head dim, mask and dropout: the registry's
 /// kernel of that mask kind and dropout (see `registry::fwd_kernel`) with the smallest
-/// compiled head dim ≥ `head_dim` (the kernel pads the rest with zeros). Errors:
+/// compiled head dim ≥ `head_dim` (the kernel pads the rest with zeros). With `wgmma` (sm_90a
+/// only), Hopper's `wgmma` kernel of the same compiled head dim, mask kind and dropout
+/// replaces it where the registry has one (`registry::fwd_wgmma_kernel`). Errors:
 /// [`FlashError::DType`] for f32, [`FlashError::HeadDim`] when no kernel covers `head_dim`.
 pub(crate) fn fwd_kernel(
     arch: Arch,
+    wgmma: bool,
     dtype: DType,
     head_dim: usize,
     mask: MaskKind,
@@ -37,13 +40,24 @@ pub(crate) fn fwd_kernel(
             ))
         }
     };
-    match registry::fwd_kernel(head_dim, mask, dropout) {
-        Some(k) => Ok(FwdKernel {
-            name: k.name(dtype),
-            tile: k.tile(arch),
-        }),
-        None => Err(FlashError::HeadDim(head_dim)),
-    }
+    let Some(k) = registry::fwd_kernel(head_dim, mask, dropout) else {
+        return Err(FlashError::HeadDim(head_dim));
+    };
+    let hopper = registry::fwd_wgmma_kernel(k.head_dim, mask, dropout)
+        .filter(|w| wgmma && arch == Arch::Sm90a && w.head_dim == k.head_dim);
+    let k = hopper.unwrap_or(k);
+    Ok(FwdKernel {
+        name: k.name(dtype),
+        tile: k.tile(arch),
+    })
+}
+
+/// Whether a forward call over `seqlen_k` keys is long enough for Hopper's `wgmma` kernels
+/// to beat the `mma.sync` ones (measured on the H100, docs/perf-notes.md: 0.83–0.99× at 512
+/// keys, 0.93× causal at 1,024, ≥ 1.02× from 1,024 keys, 2,048 causal): at least 1,024 keys,
+/// 2,048 under a causal mask or a window, which halve the keys a query tile visits.
+pub(crate) fn wgmma_pays(seqlen_k: usize, causal_or_window: bool) -> bool {
+    seqlen_k >= if causal_or_window { 2048 } else { 1024 }
 }
 
 #[cfg(test)]
@@ -52,26 +66,55 @@ mod tests {
 
     #[test]
     fn odd_head_dims_run_on_the_next_compiled_kernel() {
-        let k = fwd_kernel(Arch::Sm80, DType::BF16, 80, MaskKind::Causal, false).unwrap();
+        let k = fwd_kernel(Arch::Sm80, false, DType::BF16, 80, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_bf16_d96");
         assert_eq!(k.tile.head_dim, 96);
-        let k = fwd_kernel(Arch::Sm90a, DType::F16, 1, MaskKind::Causal, false).unwrap();
+        let k = fwd_kernel(Arch::Sm90a, false, DType::F16, 1, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d32");
-        let k = fwd_kernel(Arch::Sm90a, DType::BF16, 128, MaskKind::Masked, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            false,
+            DType::BF16,
+            128,
+            MaskKind::Masked,
+            false,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_masked_bf16_d128");
-        let k = fwd_kernel(Arch::Sm90a, DType::BF16, 100, MaskKind::Causal, true).unwrap();
+        let k = fwd_kernel(Arch::Sm90a, false, DType::BF16, 100, MaskKind::Causal, true).unwrap();
         assert_eq!(k.name, "flash_fwd_masked_dropout_bf16_d128");
+    }
+
+    #[test]
+    fn hopper_takes_the_wgmma_kernel_of_the_same_head_dim() {
+        let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 100, MaskKind::Causal, false).unwrap();
+        assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d128");
+        assert_eq!((k.tile.block_m, k.tile.threads()), (128, 256));
+        // d = 64 has no wgmma kernel (slower there), so it stays on mma.sync.
+        let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 64, MaskKind::Causal, false).unwrap();
+        assert_eq!(k.name, "flash_fwd_f16_d64");
+        // d = 80 pads to 96 on mma.sync, which has no wgmma kernel; sm_80 never takes one.
+        let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 80, MaskKind::Causal, false).unwrap();
+        assert_eq!(k.name, "flash_fwd_f16_d96");
+        let k = fwd_kernel(Arch::Sm80, true, DType::F16, 64, MaskKind::Causal, false).unwrap();
+        assert_eq!(k.name, "flash_fwd_f16_d64");
+    }
+
+    #[test]
+    fn wgmma_takes_long_calls_only() {
+        assert!(!wgmma_pays(512, false) && wgmma_pays(1024, false));
+        assert!(!wgmma_pays(1024, true) && wgmma_pays(2048, true));
     }
 
     #[test]
     fn f32_and_uncovered_head_dims_are_rejected() {
         assert!(matches!(
-            fwd_kernel(Arch::Sm80, DType::F32, 64, MaskKind::Causal, false),
+            fwd_kernel(Arch::Sm80, false, DType::F32, 64, MaskKind::Causal, false),
             Err(FlashError::DType(_))
         ));
         for d in [0, 257] {
             assert!(matches!(
-                fwd_kernel(Arch::Sm80, DType::F16, d, MaskKind::Masked, true),
+                fwd_kernel(Arch::Sm80, false, DType::F16, d, MaskKind::Masked, true),
                 Err(FlashError::HeadDim(x)) if x == d
             ));
         }

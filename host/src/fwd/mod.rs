@@ -20,7 +20,7 @@ use crate::params::AttnParams;
 use crate::seqs::{gpu_runs, SeqRun, Varlen};
 use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
-use dispatch::{fwd_kernel, FwdKernel};
+use dispatch::{fwd_kernel, wgmma_pays, FwdKernel};
 pub use dropout_mask::flash_attn_dropout_mask;
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use validate::{
@@ -70,6 +70,31 @@ pub fn flash_attn_into<T: Element>(
         return Ok(());
     }
     call.launch(dev, [q, k, v], o, lse, params, &runs)
+}
+
+/// The entry point of the forward kernel that a call of `dtype` with head dim `head_dim`,
+/// `seqlen_k` keys and `params` launches on `dev` when it runs the forward kernels (calls
+/// with few queries over many keys may take the decode kernels instead), e.g.
+/// `flash_fwd_wgmma_masked_bf16_d128` on Hopper: for benchmarks and diagnostics. Errors as
+/// the call's kernel choice (dtype, head dim, dropout probability).
+pub fn forward_kernel_name(
+    dev: &Device,
+    dtype: crate::DType,
+    head_dim: usize,
+    seqlen_k: usize,
+    params: &AttnParams,
+) -> Result<&'static str> {
+    let dropout = params.active_dropout()?.is_some();
+    let long = wgmma_pays(seqlen_k, params.causal || params.window.is_some());
+    let kernel = fwd_kernel(
+        dev.arch(),
+        dev.wgmma_forward(long),
+        dtype,
+        head_dim,
+        params.mask_kind(),
+        dropout,
+    )?;
+    Ok(kernel.name)
 }
 
 /// Forward attention over a packed batch of variable-length sequences ([`Varlen`]): Q
@@ -164,8 +189,10 @@ impl ForwardCall {
     ) -> Result<Self> {
         let d = shape.head_dim;
         let dropout = params.active_dropout()?;
+        let long = wgmma_pays(shape.seqlen_k, params.causal || params.window.is_some());
         let kernel = fwd_kernel(
             dev.arch(),
+            dev.wgmma_forward(long),
             T::DTYPE,
             d,
             params.mask_kind(),

@@ -22,6 +22,22 @@ pub trait Elem {
     /// # Safety
     /// Always safe to execute.
     unsafe fn to_f32(bits: u16) -> f32;
+
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
+    /// `d (+)= A·B` by `wgmma.m64n128k16`, both operands in shared memory (see
+    /// [`ptx::wgmma_m64n128k16_ss_f16`]).
+    ///
+    /// # Safety
+    /// sm_90a only; as the wrapper.
+    unsafe fn wgmma_n128_ss(d: &mut [[f32; 4]; 16], a: u64, b: u64, accumulate: bool);
+
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
+    /// `d += A·B` by `wgmma.m64n64k16`, A in registers, B transposed in shared memory (see
+    /// [`ptx::wgmma_m64n64k16_rs_f16`]).
+    ///
+    /// # Safety
+    /// sm_90a only; as the wrapper.
+    unsafe fn wgmma_n64_rs(d: &mut [[f32; 4]; 8], a: [u32; 4], b: u64);
 }
 
 /// IEEE half precision.
@@ -42,6 +58,14 @@ impl Elem for F16 {
     unsafe fn to_f32(bits: u16) -> f32 {
         ptx::cvt_f32_f16(bits)
     }
+    #[inline(always)]
+    unsafe fn wgmma_n128_ss(d: &mut [[f32; 4]; 16], a: u64, b: u64, accumulate: bool) {
+        ptx::wgmma_m64n128k16_ss_f16(d, a, b, accumulate)
+    }
+    #[inline(always)]
+    unsafe fn wgmma_n64_rs(d: &mut [[f32; 4]; 8], a: [u32; 4], b: u64) {
+        ptx::wgmma_m64n64k16_rs_f16(d, a, b)
+    }
 }
 
 impl Elem for Bf16 {
@@ -56,5 +80,13 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn to_f32(bits: u16) -> f32 {
         f32::from_bits((bits as u32) << 16)
+    }
+    #[inline(always)]
+    unsafe fn wgmma_n128_ss(d: &mut [[f32; 4]; 16], a: u64, b: u64, accumulate: bool) {
+        ptx::wgmma_m64n128k16_ss_bf16(d, a, b, accumulate)
+    }
+    #[inline(always)]
+    unsafe fn wgmma_n64_rs(d: &mut [[f32; 4]; 8], a: [u32; 4], b: u64) {
+        ptx::wgmma_m64n64k16_rs_bf16(d, a, b)
     }
 }

@@ -324,6 +324,19 @@ impl<const MT: usize, const NT: usize> AccTile<MT, NT> {
         ]
     }
 
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
+    /// The `W` n-tiles of m-tile `mt` from n-tile `first`: the accumulators of one warpgroup
+    /// product (see [`ptx::wgmma_m64n128k16_ss_f16`]).
+    #[inline(always)]
+    pub fn tiles_mut<const W: usize>(
+        &mut self,
+        mt: usize,
+        first: usize,
+    ) -> &mut [[f32; TILE_ELEMS]; W] {
+        let tiles = &mut self.0[mt][first..first + W];
+        tiles.try_into().unwrap()
+    }
+
     /// The two values of row half `r`, n-tile `nt` of m-tile `mt` (adjacent columns), for a
     /// 4-byte store.
     #[inline(always)]

@@ -329,3 +329,83 @@ impl LaneOffsets {
         split_offset(PITCH, 0, 0, row0, c2).1 as u32
     }
 }
+
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
+/// A `ROWS × D` tile in the layout of Hopper's warpgroup products (see [`crate::gmma`]):
+/// `D / 64` column blocks, each a [`SmemTile`] of `[ROWS][64]` (whose swizzle is the
+/// hardware's 128-byte one). The base must be 1024-byte aligned.
+#[derive(Clone, Copy)]
+pub struct GmmaTile<const ROWS: usize, const D: usize> {
+    base: u32,
+}
+
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
+impl<const ROWS: usize, const D: usize> GmmaTile<ROWS, D> {
+    /// Bytes the tile occupies.
+    pub const BYTES: u32 = (ROWS * D * 2) as u32;
+    /// Column blocks.
+    const BLOCKS: usize = D / crate::gmma::BLOCK_COLS;
+
+    /// The tile starting at shared address `base`.
+    #[inline(always)]
+    pub fn at(base: u32) -> Self {
+        Self { base }
+    }
+
+    /// Column block `cb` (columns `64·cb ..`).
+    #[inline(always)]
+    fn block(self, cb: usize) -> SmemTile<ROWS, { crate::gmma::BLOCK_COLS }> {
+        SmemTile::at(self.base + (cb * ROWS * crate::gmma::ROW_BYTES as usize) as u32)
+    }
+
+    /// [`SmemTile::load_async`] of the whole tile, block by block.
+    ///
+    /// # Safety
+    /// As [`SmemTile::load_async`].
+    #[inline(always)]
+    pub unsafe fn load_async<const WARPS: usize>(
+        self,
+        src: *const u16,
+        row_stride: u64,
+        rows_valid: u32,
+        cols_valid: u32,
+        tid: u32,
+    ) {
+        const { assert!(D % crate::gmma::BLOCK_COLS == 0) };
+        for cb in 0..Self::BLOCKS {
+            let col0 = cb * crate::gmma::BLOCK_COLS;
+            self.block(cb)
+                .load_async::<{ crate::gmma::BLOCK_COLS }, WARPS>(
+                    src.wrapping_add(col0),
+                    row_stride,
+                    rows_valid,
+                    cols_valid.saturating_sub(col0 as u32),
+                    tid,
+                );
+        }
+    }
+
+    /// [`SmemTile::negate_own`] of the whole tile.
+    ///
+    /// # Safety
+    /// As [`SmemTile::negate_own`], after [`GmmaTile::load_async`] with the same `WARPS`.
+    #[inline(always)]
+    pub unsafe fn negate_own<const WARPS: usize>(self, tid: u32) {
+        for cb in 0..Self::BLOCKS {
+            self.block(cb)
+                .negate_own::<{ crate::gmma::BLOCK_COLS }, WARPS>(tid);
+        }
+    }
+
+    /// The K-major descriptor of rows `row0 ..` (a multiple of 8) at k-step `ks` (16 columns).
+    #[inline(always)]
+    pub fn k_major(self, row0: usize, ks: usize) -> u64 {
+        crate::gmma::k_major(self.base, ROWS as u32, row0 as u32, ks as u32)
+    }
+
+    /// The MN-major descriptor of rows `16·ks ..` (the reduction) and column block `cb`.
+    #[inline(always)]
+    pub fn mn_major(self, ks: usize, cb: usize) -> u64 {
+        crate::gmma::mn_major(self.base, ROWS as u32, ks as u32, cb as u32)
+    }
+}

@@ -10,11 +10,13 @@ mod bwd;
 mod decode;
 mod fwd;
 mod pad;
+mod probe;
 
 pub use bwd::BwdParams;
 pub use decode::{AppendParams, CombineParams, DecodeParams, KvLayout};
 pub use fwd::FwdParams;
 pub use pad::{PadParams, PAD_SCATTER};
+pub use probe::ProbeParams;
 
 /// Element strides of one 4-D tensor laid out as `[batch, seq, head, dim]` (dim contiguous).
 #[repr(C)]

@@ -42,6 +42,11 @@ pub(super) struct Row {
     pub driver: String,
     /// `ptx_arch`: the target of our PTX.
     pub ptx_arch: String,
+    /// The forward's path (`wgmma` or `mma`; empty in files from before it was recorded).
+    pub path: String,
+    /// TFLOP/s of our `mma.sync` forward on the same shape, where the row timed it too (the
+    /// `wgmma` rows on Hopper).
+    pub mma: Option<f64>,
 }
 
 impl Row {
@@ -96,6 +101,11 @@ impl Row {
                 driver
             },
             ptx_arch: text("ptx_arch"),
+            path: text("path"),
+            mma: match (num("ours_tflops"), num("ours_ms"), num("mma_ms")) {
+                (Some(t), Some(ms), Some(mma_ms)) if mma_ms > 0.0 => Some(t * ms / mma_ms),
+                _ => None,
+            },
         })
     }
 }

@@ -61,17 +61,28 @@ fn render_table(rows: &[Row]) -> String {
     sorted.sort_by(|a, b| {
         (dtype_rank(&a.dtype), a.d, a.causal, a.n).cmp(&(dtype_rank(&b.dtype), b.d, b.causal, b.n))
     });
+    // Rows that record the forward's path get its column and the `mma.sync` path's speed.
+    let paths = rows.iter().any(|r| !r.path.is_empty());
     let mut s = String::new();
-    s.push_str("| dtype | d | N | causal | ours TFLOP/s | flash | cuDNN | efficient | ours/flash | ours/cuDNN |\n");
-    s.push_str("|:--|--:|--:|:--|--:|--:|--:|--:|--:|--:|\n");
+    s.push_str("| dtype | d | N | causal |");
+    if paths {
+        s.push_str(" path |");
+    }
+    s.push_str(" ours TFLOP/s | flash | cuDNN | efficient | ours/flash | ours/cuDNN |");
+    s.push_str(if paths {
+        " mma.sync | ours/mma.sync |\n|:--|--:|--:|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+    } else {
+        "\n|:--|--:|--:|:--|--:|--:|--:|--:|--:|--:|\n"
+    });
     for r in sorted {
-        let _ = writeln!(
+        let causal = if r.causal { "yes" } else { "no" };
+        let _ = write!(s, "| {} | {} | {} | {causal} |", r.dtype, r.d, r.n);
+        if paths {
+            let _ = write!(s, " {} |", if r.path.is_empty() { "mma" } else { &r.path });
+        }
+        let _ = write!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-            r.dtype,
-            r.d,
-            r.n,
-            if r.causal { "yes" } else { "no" },
+            " {} | {} | {} | {} | {} | {} |",
             fmt_opt(r.ours, 1),
             fmt_opt(r.flash, 1),
             fmt_opt(r.cudnn, 1),
@@ -79,6 +90,15 @@ fn render_table(rows: &[Row]) -> String {
             fmt_opt(ratio(r.ours, r.flash), 2),
             fmt_opt(ratio(r.ours, r.cudnn), 2),
         );
+        if paths {
+            let _ = write!(
+                s,
+                " {} | {} |",
+                fmt_opt(r.mma, 1),
+                fmt_opt(ratio(r.ours, r.mma), 2)
+            );
+        }
+        s.push('\n');
     }
     s
 }
@@ -224,6 +244,32 @@ mod tests {
             "| f16 | 128 | 2048 | yes | 202.0 | n/a | n/a | n/a | n/a | n/a |"
         );
         assert!(lines[4].starts_with("| bf16 | 64 | 1024 | no |"));
+    }
+
+    #[test]
+    fn rows_with_a_path_get_the_path_and_mma_columns() {
+        let mut r = row("bf16", 128, 4096, false, true);
+        r.path = "wgmma".into();
+        r.mma = Some(102.0);
+        let t = render_table(&[r]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].contains("| causal | path | ours TFLOP/s |"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[0].ends_with("| mma.sync | ours/mma.sync |"),
+            "{}",
+            lines[0]
+        );
+        assert_eq!(lines[1].matches('|').count(), lines[0].matches('|').count());
+        assert!(
+            lines[2].starts_with("| bf16 | 128 | 4096 | no | wgmma | 204.0 |"),
+            "{}",
+            lines[2]
+        );
+        assert!(lines[2].ends_with("| 102.0 | 2.00 |"), "{}", lines[2]);
     }
 
     #[test]

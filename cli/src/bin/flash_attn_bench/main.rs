@@ -29,8 +29,8 @@ use clap::{ArgAction, Parser};
 use flash_attn::timing::{median, time_ms};
 use flash_attn::{
     attn_with_kvcache_into, auto_decode_splits, flash_attn_backward_into, flash_attn_into,
-    AttnParams, BwdMode, DecodeOptions, Device, DeviceTensor, Element, HostCacheMeta, KvCache,
-    Result,
+    forward_kernel_name, AttnParams, BwdMode, DecodeOptions, Device, DeviceTensor, Element,
+    ForwardPath, HostCacheMeta, KvCache, Result,
 };
 use half::{bf16, f16};
 
@@ -92,6 +92,10 @@ struct Row {
     n: usize,
     causal: bool,
     ms: f32,
+    /// The forward kernel's path: `wgmma` (Hopper) or `mma` (`mma.sync`).
+    path: &'static str,
+    /// On Hopper, forward rows also time the `mma.sync` path (`mma_ms`).
+    mma_ms: Option<f32>,
 }
 
 impl Row {
@@ -185,7 +189,22 @@ fn bench_dtype<T: Element>(
                     softmax_scale: None,
                     ..AttnParams::default()
                 };
+                let kernel = forward_kernel_name(dev, T::DTYPE, d, n, &params)?;
+                let path = if kernel.contains("wgmma") {
+                    "wgmma"
+                } else {
+                    "mma"
+                };
                 for &(op, mode) in ops {
+                    let mut mma_ms = None;
+                    if op == Op::Fwd && path == "wgmma" {
+                        dev.set_forward_path(ForwardPath::Mma);
+                        let times = time_ms(dev, 3, reps, || {
+                            flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
+                        });
+                        dev.set_forward_path(ForwardPath::Auto);
+                        mma_ms = Some(median(&times?));
+                    }
                     let times = match (op, grads.as_mut()) {
                         (Op::Fwd, _) => time_ms(dev, 3, reps, || {
                             flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
@@ -217,9 +236,11 @@ fn bench_dtype<T: Element>(
                         n,
                         causal,
                         ms: median(&times),
+                        path,
+                        mma_ms,
                     };
                     eprintln!(
-                        "{:<7} {:<5} {:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s",
+                        "{:<7} {:<5} {:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s {} (mma.sync {})",
                         op.name(),
                         mode_name(mode),
                         name,
@@ -229,7 +250,9 @@ fn bench_dtype<T: Element>(
                         n,
                         causal,
                         row.ms,
-                        row.tflops()
+                        row.tflops(),
+                        path,
+                        mma_ms.map_or("-".into(), |t| format!("{t:.3} ms")),
                     );
                     rows.push(row);
                 }
@@ -378,6 +401,7 @@ fn main() {
             serde_json::json!({
                 "op": r.op.name(), "mode": mode_name(r.mode), "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
                 "causal": r.causal, "ours_ms": r.ms, "ours_tflops": r.tflops(),
+                "path": if r.op == Op::Bwd { "mma" } else { r.path }, "mma_ms": r.mma_ms,
                 "device": device, "date": date, "ptx_arch": dev.ptx_arch(),
             })
         })

@@ -28,6 +28,8 @@
 //! frees the buffer the prefetch then overwrites).
 
 pub(crate) mod io;
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code
+pub(crate) mod wgmma;
 
 use super::dropout::{drop_probabilities, rng_for};
 use super::elem::Elem;
@@ -196,16 +198,66 @@ impl<
         let lanes = self.lanes.step_local();
         let mut s = AccTile::<MT, N_TILES>::zero(); // S = Q·Kᵀ: 16·MT × BN per warp
         mma_abt::<E, MT, N_TILES, K_STEPS, BN, PITCH>(&mut s, &self.q, self.kv.k, &lanes);
+        let tile = KeyTile {
+            mask: self.mask,
+            rows: &self.rows,
+            key0: self.key0,
+            lane: self.lane,
+            scale: self.scale,
+            rng: &self.rng,
+        };
+        tile.scores_to_probabilities::<MASKED, DROPOUT, N_TILES>(&mut s, softmax, o);
+        mma_pb::<E, MT, N_TILES, D_TILES, BN, PITCH>(o, &s, self.kv.v, &lanes, 0);
+        // O += P·V
+    }
+}
+
+/// What a warp knows about the key tile in front of it, between its two products.
+pub(crate) struct KeyTile<'a, M, const MT: usize> {
+    /// The block's mask.
+    pub mask: &'a M,
+    /// Sequence rows of the thread's accumulator rows.
+    pub rows: &'a RowVec<u32, MT>,
+    /// First key of the tile.
+    pub key0: u32,
+    /// Lane index in the warp.
+    pub lane: u32,
+    /// `|softmax_scale|·log2(e)` (a negative scale is folded into Q).
+    pub scale: f32,
+    /// The (batch, head)'s dropout generator (unused without `DROPOUT`).
+    pub rng: &'a DropoutRng,
+}
+
+impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
+    /// Turns the raw scores `s = Q·Kᵀ` into P in place: the mask's score modifier (masks that
+    /// have one), the online softmax (with the mask's predicate when `MASKED`), then
+    /// `o.rescale(factor)` when a row maximum moved (O's rows multiplied by the factor now,
+    /// or the factor kept until O is out of the tensor cores: see [`Rescale`]), and dropout.
+    /// Shared by every forward kernel body.
+    ///
+    /// # Safety
+    /// The whole warp calls it.
+    #[inline(always)]
+    pub unsafe fn scores_to_probabilities<
+        const MASKED: bool,
+        const DROPOUT: bool,
+        const NT: usize,
+    >(
+        &self,
+        s: &mut AccTile<MT, NT>,
+        softmax: &mut OnlineSoftmax<MT>,
+        o: &mut impl Rescale<MT>,
+    ) {
         let pos = FragPos::of(ptx::opaque_u32(self.lane));
         if M::MODIFIES_SCORES && self.mask.modifies_scores() {
             // One branch per tile on the cap, none per score.
             let (mask, slope) = (self.mask, self.mask.block_slope());
             if mask.capped() {
-                s.map_scores(&self.rows, pos, self.key0, |r, k, x| {
+                s.map_scores(self.rows, pos, self.key0, |r, k, x| {
                     mask.score_as::<true>(r, k, x, slope)
                 });
             } else {
-                s.map_scores(&self.rows, pos, self.key0, |r, k, x| {
+                s.map_scores(self.rows, pos, self.key0, |r, k, x| {
                     mask.score_as::<false>(r, k, x, slope)
                 });
             }
@@ -214,13 +266,32 @@ impl<
             self.mask
                 .visible(self.rows.0[mt][r], self.key0 + pos.col(nt, c))
         };
-        if let Some(rescale) = softmax.update::<MASKED, N_TILES>(&mut s, self.scale, visible) {
-            o.scale_rows(&rescale); // O ·= 2^(m − m')
+        if let Some(factor) = softmax.update::<MASKED, NT>(s, self.scale, visible) {
+            o.rescale(&factor);
         }
         if DROPOUT {
-            drop_probabilities(&self.rng, &mut s, &self.rows, self.key0, pos);
+            drop_probabilities(self.rng, s, self.rows, self.key0, pos);
         }
-        mma_pb::<E, MT, N_TILES, D_TILES, BN, PITCH>(o, &s, self.kv.v, &lanes, 0);
-        // O += P·V
+    }
+}
+
+/// What the online softmax's O rescale does: multiply the rows now (an [`AccTile`] O) or
+/// keep the factor for later (`Option<RowVec>`, while O is in flight on the tensor cores).
+pub(crate) trait Rescale<const MT: usize> {
+    /// Applies or records `O ·= 2^(m − m')` with per-row `factor`.
+    fn rescale(&mut self, factor: &RowVec<f32, MT>);
+}
+
+impl<const MT: usize, const DT: usize> Rescale<MT> for AccTile<MT, DT> {
+    #[inline(always)]
+    fn rescale(&mut self, factor: &RowVec<f32, MT>) {
+        self.scale_rows(factor); // O ·= 2^(m − m')
+    }
+}
+
+impl<const MT: usize> Rescale<MT> for Option<RowVec<f32, MT>> {
+    #[inline(always)]
+    fn rescale(&mut self, factor: &RowVec<f32, MT>) {
+        *self = Some(*factor);
     }
 }

@@ -11,6 +11,8 @@ mod mma;
 mod shared;
 mod smem;
 mod sync;
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code
+mod wgmma;
 
 pub use atomic::*;
 pub use bulk::*;
@@ -21,3 +23,5 @@ pub use mma::*;
 pub use shared::*;
 pub use smem::*;
 pub use sync::*;
+#[allow(unused_imports)]
+pub use wgmma::*;

@@ -1,8 +1,9 @@
-//! The block's dynamic shared memory: one module-level `.extern .shared` array, sized at launch.
+//! The block's dynamic shared memory: one module-level `.extern .shared` array, sized at launch,
+//! 1024-byte aligned (the alignment of the `wgmma` operands' swizzle atoms).
 
 use core::arch::{asm, global_asm};
 
-global_asm!(".extern .shared .align 128 .b8 flash_dyn_smem[];");
+global_asm!(".extern .shared .align 1024 .b8 flash_dyn_smem[];");
 
 /// 32-bit shared-state-space address of the start of the dynamic shared memory.
 ///

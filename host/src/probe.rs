@@ -1,0 +1,84 @@
+//! A self-test of Hopper's warpgroup products: runs the `wgmma` layout probe kernel (see
+//! `flash_attn_kernels::params::ProbeParams`) so a test can compare each product shape the
+//! Hopper forward uses with a CPU product.
+
+use flash_attn_kernels::arch::Arch;
+use flash_attn_kernels::config::{PROBE_SMEM_BYTES, PROBE_THREADS};
+use flash_attn_kernels::params::ProbeParams;
+use flash_attn_kernels::registry::WGMMA_PROBE_KERNELS;
+
+use crate::device::Device;
+use crate::dtype::{DType, Element};
+use crate::error::{FlashError, Result};
+use crate::launch::launch;
+use crate::tensor::DeviceTensor;
+
+/// Rows of A, P, S and O.
+const M: usize = 64;
+/// Columns of A and V.
+const K: usize = 64;
+/// Rows of B and V, columns of P and S.
+const N: usize = 128;
+
+/// Runs the `wgmma` layout probe on `dev` (compute capability 9.0 only): returns `S = A·Bᵀ`
+/// (`[64][128]`, f32, row-major) computed by `wgmma.m64n128k16` with both operands in shared
+/// memory, and `O = P·V` (`[64][64]`) by `wgmma.m64n64k16` with P in registers and V
+/// transposed, where A is `[64][64]`, B `[128][64]`, P `[64][128]` and V `[128][64]`
+/// (row-major, f16 or bf16). Each accumulator element is written where the kernels' fragment
+/// layout places it, so a layout error shows as wrong elements. Errors:
+/// [`FlashError::UnsupportedDevice`] elsewhere than on sm_90a, [`FlashError::Shape`] for other
+/// sizes, [`FlashError::DType`] for f32.
+pub fn wgmma_layout_probe<T: Element>(
+    dev: &Device,
+    a: &[T],
+    b: &[T],
+    p: &[T],
+    v: &[T],
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    if dev.arch() != Arch::Sm90a {
+        let (major, minor) = dev.compute_capability();
+        return Err(FlashError::UnsupportedDevice { major, minor });
+    }
+    let name = match T::DTYPE {
+        DType::F16 => WGMMA_PROBE_KERNELS[0],
+        DType::BF16 => WGMMA_PROBE_KERNELS[1],
+        _ => return Err(FlashError::DType("the probe takes f16 or bf16".into())),
+    };
+    for (what, got, want) in [
+        ("A", a.len(), M * K),
+        ("B", b.len(), N * K),
+        ("P", p.len(), M * N),
+        ("V", v.len(), N * K),
+    ] {
+        if got != want {
+            return Err(FlashError::Shape(format!(
+                "probe operand {what}: {got} elements, expected {want}"
+            )));
+        }
+    }
+    let up = |x: &[T]| DeviceTensor::from_host(dev, &[x.len()], x);
+    let (a, b, p, v) = (up(a)?, up(b)?, up(p)?, up(v)?);
+    let s = DeviceTensor::<f32>::zeros(dev, &[M * N])?;
+    let o = DeviceTensor::<f32>::zeros(dev, &[M * K])?;
+    let params = ProbeParams {
+        a: a.device_address(dev),
+        b: b.device_address(dev),
+        p: p.device_address(dev),
+        v: v.device_address(dev),
+        s: s.device_address(dev),
+        o: o.device_address(dev),
+    };
+    // SAFETY: every buffer is live and of the size the kernel reads or writes; one block of
+    // the probe's threads and shared memory.
+    unsafe {
+        launch(
+            dev,
+            name,
+            (1, 1, 1),
+            PROBE_THREADS as u32,
+            PROBE_SMEM_BYTES,
+            params,
+        )?
+    };
+    Ok((s.to_host(dev)?, o.to_host(dev)?))
+}
