@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs flash-attn's tests or benchmark on a GPU machine that has the NVIDIA driver but no Rust.
 # Built by `cargo xtask bundle`. Usage:
-#   bash bundle/run.sh test    # every test binary; a missing GPU is a failure here
+#   bash bundle/run.sh test    # every test binary (the forward's twice more on Hopper, once per
+#                              # forward path); a missing GPU is a failure here
 #   bash bundle/run.sh bench   # our forward benchmark, then PyTorch SDPA on the same shapes
 #   bash bundle/run.sh masks   # the mask family and varlen, then FlexAttention and SDPA
 #   bash bundle/run.sh dropout # attention dropout at p = 0.1 and 0, then SDPA with dropout
@@ -20,6 +21,15 @@ case "$what" in
       echo "=== $(basename "$t")"
       "$t" --test-threads=4 "$@" 2>&1 | tee -a "$out/test.log" || status=1
     done
+    # On Hopper the forward has two paths (wgmma and mma.sync; the default picks by length):
+    # the forward suite again with each forced.
+    if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
+      for path in wgmma mma; do
+        echo "=== gpu_forward with FLASH_ATTN_FWD=$path"
+        FLASH_ATTN_FWD=$path "$here"/tests/gpu_forward-test --test-threads=4 "$@" 2>&1 \
+          | tee -a "$out/test.log" || status=1
+      done
+    fi
     [ $status -eq 0 ] && echo "ALL TEST BINARIES PASSED" || echo "SOME TEST BINARY FAILED"
     exit $status
     ;;
