@@ -7,24 +7,27 @@
 //! kernels.
 //!
 //! ```text
-//! load Q tile, first K/V tile                     global → shared (cp.async, all threads)
-//! for each key tile j the mask visits:
-//!     prefetch tile j+1 into the other buffer     cp.async, all threads
-//!     S = Q·Kⱼᵀ                                   wgmma m64nBNk16, Q and K from shared memory
-//!     P, m, l ← online softmax of S [· dropout]   registers, as the mma.sync kernels
-//!     O += P·Vⱼ                                   wgmma m64n64k16 per 64 columns of O, P from
-//!                                                 registers, V (MN-major) from shared memory
-//!     wait for tile j+1; fence.proxy.async; bar.sync
-//! O /= l; LSE                                     one write per row
+//! load Q, tiles 0 and 1                          global → shared (cp.async, all threads)
+//! S = Q·K₀ᵀ; P₀ ← online softmax of S           wgmma m64n128k16 (Q, K from shared memory)
+//! for tile i + 1 = 1, 2, … the mask visits:
+//!     load tile i + 2 into its stage             cp.async, all threads
+//!     issue S = Q·Kᵢ₊₁ᵀ, then O += Pᵢ·Vᵢ          wgmma; P from registers, V (MN-major) from
+//!                                                shared memory, one m64n64k16 per 64 columns
+//!     wait for S; Pᵢ₊₁ ← online softmax of S     registers, as the mma.sync kernels, while
+//!     [· dropout]                                O += Pᵢ·Vᵢ runs on the tensor cores
+//!     wait for O; O ·= the softmax's rescale
+//!     wait for tile i + 2; fence.proxy.async; bar.sync
+//! O += P_last·V_last; O /= l; LSE                one write per row
 //! ```
 //!
 //! Shared memory (dynamic, 1024-byte aligned, [`crate::config::FwdTile::smem_bytes`]): Q
-//! `[BM][D]`, then two buffers of K `[BN][D]` and V `[BN][D]`, each in the layout of
-//! [`crate::gmma`]. Registers per thread: S `BN/2` f32, O `D/2` f32, m and l of 2 rows.
-//! Sync points: the `cp.async` copies are made visible to the tensor cores' (async) proxy by
-//! `fence.proxy.async` in each copying thread, then one `bar.sync` per key tile, which also
-//! frees the buffer the next prefetch overwrites (every warpgroup has waited for its
-//! products by then).
+//! `[BM][D]`, then a ring of `STAGES = 3` (K `[BN][D]`, V `[BN][D]`) stages, each tile in the
+//! layout of [`crate::gmma`]; tile `i` lives in stage `i % 3`, so tile `i + 2` loads while K of
+//! tile `i + 1` and V of tile `i` are read. Registers per thread: S `BN/2` f32, P `BN/4`
+//! packed, O `D/2` f32, m and l of 2 rows. Sync points: the `cp.async` copies are made
+//! visible to the tensor cores' (async) proxy by `fence.proxy.async` in each copying thread,
+//! then one `bar.sync` per key tile, which also frees the stage the next load overwrites
+//! (every warpgroup has waited for its products by then).
 
 use super::io::{store_output, KvSource};
 use super::KeyTile;
@@ -51,7 +54,7 @@ const WG_ROWS: usize = 64;
 
 /// The forward kernel body on `wgmma`; see the module docs. Const parameters: `D` compiled
 /// head dim (a multiple of 64), `BN` keys per tile (128: the `m64n128k16` product),
-/// `D_TILES = D/8`, `N_TILES = BN/8`, `DROPOUT`.
+/// `D_TILES = D/8`, `N_TILES = BN/8`, `STAGES` (3), `DROPOUT`.
 ///
 /// # Safety
 /// sm_90a only. Launched with grid `(ceil(seqlen_q / 128), heads_q, batch)`, 256 threads and
