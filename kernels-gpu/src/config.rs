@@ -35,7 +35,14 @@ pub struct FwdTile {
     /// (K, V) tile pairs in the shared-memory ring: 2 (double buffer) for the `mma.sync`
     /// kernels, 3 for the `wgmma` ones (which read two tiles' K and V at once).
     pub kv_stages: usize,
+    /// Warps that only load tiles (Hopper's warp-specialised kernels: one warpgroup), beside
+    /// the `warps` that compute; their `mbarrier`s follow the tiles in shared memory.
+    pub producer_warps: usize,
 }
+
+/// Bytes of `mbarrier`s after the tiles of a kernel with producer warps: Q's, then K's, V's
+/// and the free signal of each stage of a ring of up to 4 (8 bytes each).
+pub const TMA_BARRIER_BYTES: usize = 8 * (1 + 3 * 4);
 
 impl FwdTile {
     /// The tile for `head_dim` from the registry's `(warps, m_tiles, block_n, q_in_regs)`.
@@ -49,6 +56,7 @@ impl FwdTile {
             m_tiles,
             q_in_regs,
             kv_stages: 2,
+            producer_warps: 0,
         }
     }
 
@@ -60,20 +68,34 @@ impl FwdTile {
         }
     }
 
+    /// This tile with `warps` producer warps (see [`FwdTile::producer_warps`]).
+    pub const fn with_producer_warps(self, warps: usize) -> Self {
+        Self {
+            producer_warps: warps,
+            ..self
+        }
+    }
+
     /// Elements per shared-memory row: the head dim rounded up to a power of two, so the
     /// XOR swizzle (see [`crate::swizzle`]) stays inside the row.
     pub const fn smem_pitch(&self) -> usize {
         self.head_dim.next_power_of_two()
     }
 
-    /// Threads per block.
+    /// Threads per block (producer warps included).
     pub const fn threads(&self) -> usize {
-        self.warps * WARP_SIZE
+        (self.warps + self.producer_warps) * WARP_SIZE
     }
 
-    /// Dynamic shared memory in bytes: the Q tile and `kv_stages` (K, V) tile pairs.
+    /// Dynamic shared memory in bytes: the Q tile and `kv_stages` (K, V) tile pairs, then
+    /// the barriers of a kernel with producer warps.
     pub const fn smem_bytes(&self) -> usize {
-        2 * self.smem_pitch() * (self.block_m + 2 * self.kv_stages * self.block_n)
+        let barriers = if self.producer_warps > 0 {
+            TMA_BARRIER_BYTES
+        } else {
+            0
+        };
+        2 * self.smem_pitch() * (self.block_m + 2 * self.kv_stages * self.block_n) + barriers
     }
 }
 

@@ -152,8 +152,8 @@ pub const fn fwd_kernel(
 
 /// Hopper's `wgmma` forward kernel for a caller's `head_dim` under `mask`, with or without
 /// `dropout` (see [`kernel_for`]); the plain kind falls back on the general kind's kernel
-/// where it has none of its own (a window of `(∞, ∞)` or causal, no score modifier: the same
-/// results). `None` where neither exists.
+/// where it has none of its own (no window, no score modifier: the same results). `None`
+/// where neither exists.
 pub const fn fwd_wgmma_kernel(
     head_dim: usize,
     mask: MaskKind,
@@ -197,6 +197,9 @@ pub struct KernelInfo {
     pub threads: [usize; ARCH_COUNT],
     /// Whether the kernel exists on each target (the `wgmma` kernels are sm_90a only).
     pub built: [bool; ARCH_COUNT],
+    /// Whether its PTX must declare `.maxntid threads` (the build adds it): kernels whose
+    /// warpgroups rebalance registers with `setmaxnreg` need the launch budget stated.
+    pub maxntid: bool,
 }
 
 impl KernelInfo {
@@ -332,6 +335,7 @@ macro_rules! registry {
                     dyn_smem: [0; ARCH_COUNT],
                     threads: [PAD_THREADS; ARCH_COUNT],
                     built: [true; ARCH_COUNT],
+                    maxntid: false,
                 },
             )*
             probe_info(stringify!($probe16)),
@@ -450,7 +454,7 @@ macro_rules! fwd_wgmma_entry {
         /// Launched by the host crate with the grid, block and shared memory of its tile.
         #[cfg(flash_arch = "sm90a")]
         #[no_mangle]
-        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::FwdParams) {
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::WgmmaFwdParams) {
             crate::device::fwd::wgmma::flash_fwd_wgmma::<
                 crate::device::elem::$elem,
                 crate::mask::kind::$mask,
@@ -565,6 +569,7 @@ const fn pass_info(name: &'static str, threads: usize) -> KernelInfo {
         dyn_smem: [0; ARCH_COUNT],
         threads: [threads; ARCH_COUNT],
         built: [true; ARCH_COUNT],
+        maxntid: false,
     }
 }
 
@@ -575,6 +580,7 @@ const fn aux_info(name: &'static str) -> KernelInfo {
         dyn_smem: [0; ARCH_COUNT],
         threads: [BWD_AUX_THREADS; ARCH_COUNT],
         built: [true; ARCH_COUNT],
+        maxntid: false,
     }
 }
 
@@ -631,6 +637,7 @@ const fn decode_info(name: &'static str, tiles: [DecodeTile; ARCH_COUNT]) -> Ker
         dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
         threads: per_arch!(tiles, 0, |t| t.threads()),
         built: [true; ARCH_COUNT],
+        maxntid: false,
     }
 }
 
@@ -641,6 +648,7 @@ const fn fwd_info(name: &'static str, tiles: [FwdTile; ARCH_COUNT]) -> KernelInf
         dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
         threads: per_arch!(tiles, 0, |t| t.threads()),
         built: [true; ARCH_COUNT],
+        maxntid: false,
     }
 }
 
@@ -653,6 +661,7 @@ const fn probe_info(name: &'static str) -> KernelInfo {
         dyn_smem: [PROBE_SMEM_BYTES; ARCH_COUNT],
         threads: [PROBE_THREADS; ARCH_COUNT],
         built,
+        maxntid: false,
     }
 }
 
@@ -665,13 +674,16 @@ const fn wgmma_info(name: &'static str, tile: FwdTile) -> KernelInfo {
         dyn_smem: [tile.smem_bytes(); ARCH_COUNT],
         threads: [tile.threads(); ARCH_COUNT],
         built,
+        maxntid: tile.producer_warps > 0,
     }
 }
 
-/// The tile of a `wgmma` forward kernel: 2 warpgroups of 64 query rows, `block_n` keys, a
-/// ring of 3 (K, V) stages.
+/// The tile of a `wgmma` forward kernel: 2 consumer warpgroups of 64 query rows, a producer
+/// warpgroup, `block_n` keys, a ring of 3 (K, V) stages.
 pub const fn wgmma_tile(head_dim: usize, block_n: usize) -> FwdTile {
-    FwdTile::new(head_dim, (8, 1, block_n, false)).with_kv_stages(3)
+    FwdTile::new(head_dim, (8, 1, block_n, false))
+        .with_kv_stages(3)
+        .with_producer_warps(4)
 }
 
 const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInfo {
@@ -681,6 +693,7 @@ const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInf
         dyn_smem: per_arch!(tiles, 0, |t| t.smem_bytes()),
         threads: per_arch!(tiles, 0, |t| t.threads()),
         built: [true; ARCH_COUNT],
+        maxntid: false,
     }
 }
 
@@ -734,16 +747,26 @@ registry! {
         256 Tree DROPOUT [flash_fwd_tree_dropout_f16_d256, flash_fwd_tree_dropout_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
     // Hopper's forward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, keys per
-    // tile (the query tile is 128 rows: two warpgroups of 64). d = 128 only: at d = 64 these
-    // kernels were 0.81–1.00× the `mma.sync` ones on the H100 (docs/perf-notes.md). At d = 128 the plain mask's
-    // kernel spills (8 B, ptxas) where the general mask's does not, so plain calls run on the
-    // general one (`fwd_wgmma_kernel`); the general and block-sparse masks with dropout at
-    // d = 128 spill too, and those calls take `mma.sync`.
+    // tile (the query tile is 128 rows: two consumer warpgroups of 64, plus a producer
+    // warpgroup). Every mask kind, with and without dropout, at d = 64 and 128, except: the
+    // general mask with dropout at d = 128 (it spills: 32 B of stack, 100 B of spills at 240
+    // registers), whose calls take `mma.sync`; and the plain mask without dropout, whose
+    // calls run on the general kernel (`fwd_wgmma_kernel`): built, the plain kernel ran
+    // 5–13 % slower than the general one on the same plain calls (H100, docs/perf-notes.md).
+    // Which calls take them is the host's dispatch (`wgmma_pays`).
     fwd_wgmma {
+        64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128;
+        64 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d64, flash_fwd_wgmma_sparse_bf16_d64] 128;
+        64 Tree PLAIN [flash_fwd_wgmma_tree_f16_d64, flash_fwd_wgmma_tree_bf16_d64] 128;
+        64 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d64, flash_fwd_wgmma_dropout_bf16_d64] 128;
+        64 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d64, flash_fwd_wgmma_masked_dropout_bf16_d64] 128;
+        64 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d64, flash_fwd_wgmma_sparse_dropout_bf16_d64] 128;
+        64 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d64, flash_fwd_wgmma_tree_dropout_bf16_d64] 128;
         128 Masked PLAIN [flash_fwd_wgmma_masked_f16_d128, flash_fwd_wgmma_masked_bf16_d128] 128;
         128 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d128, flash_fwd_wgmma_sparse_bf16_d128] 128;
         128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128;
         128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128;
+        128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128;
         128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128;
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
@@ -957,7 +980,8 @@ mod tests {
         }
     }
 
-    /// Every `wgmma` row: 128 × 128 tiles of two warpgroups in a 3-stage ring that fits
+    /// Every `wgmma` row: 128 × 128 tiles of two consumer warpgroups and a producer one (whose
+    /// PTX declares its block size for `setmaxnreg`) in a 3-stage ring that fits
     /// Hopper's 227 KiB, named `flash_fwd_wgmma_{kind}{dtype}_d{d}`, with an `mma.sync` row of
     /// the same head dim, mask and dropout to fall back on; built for sm_90a alone.
     #[test]
@@ -966,8 +990,11 @@ mod tests {
             let t = k.tile(Arch::Sm90a);
             assert_eq!(
                 (t.block_m, t.block_n, t.threads(), t.kv_stages),
-                (128, 128, 256, 3)
+                (128, 128, 384, 3)
             );
+            assert!(ALL_KERNELS
+                .iter()
+                .any(|i| i.name == k.name(KernelDType::Bf16) && i.maxntid));
             assert!(t.smem_bytes() <= SMEM_LIMITS[Arch::Sm90a.index()], "{t:?}");
             assert_eq!(k.head_dim % crate::gmma::BLOCK_COLS, 0);
             let twin = fwd_kernel(k.head_dim, k.mask, k.dropout).unwrap();
@@ -989,12 +1016,37 @@ mod tests {
     }
 
     #[test]
-    fn plain_wgmma_calls_fall_back_on_the_general_kind() {
-        let k = fwd_wgmma_kernel(128, MaskKind::Causal, false).unwrap();
-        assert_eq!((k.head_dim, k.mask), (128, MaskKind::Masked));
-        let k = fwd_wgmma_kernel(64, MaskKind::Causal, false).unwrap();
-        assert_eq!((k.head_dim, k.mask), (128, MaskKind::Masked));
-        assert!(fwd_wgmma_kernel(128, MaskKind::Sparse, true).is_none());
+    fn wgmma_kernels_cover_every_mask_at_64_and_128_but_one_and_plain_runs_on_general() {
+        let kinds = [
+            MaskKind::Causal,
+            MaskKind::Masked,
+            MaskKind::Sparse,
+            MaskKind::Tree,
+        ];
+        for d in [64, 128] {
+            for mask in kinds {
+                for dropout in [false, true] {
+                    let k = fwd_wgmma_kernel(d, mask, dropout);
+                    let spills = d == 128 && mask == MaskKind::Masked && dropout;
+                    assert_eq!(k.is_none(), spills, "{d} {mask:?} {dropout}");
+                    // Plain calls without dropout run on the general kernel (faster).
+                    let general = mask == MaskKind::Causal && !dropout;
+                    let kind = if general { MaskKind::Masked } else { mask };
+                    if let Some(k) = k {
+                        assert_eq!((k.head_dim, k.mask, k.dropout), (d, kind, dropout));
+                    }
+                }
+            }
+        }
+        // d = 65..=96 rounds up to 128 here but to 96 on mma.sync; the host keeps those on
+        // mma.sync (same head dim only), as it does d = 256.
+        assert_eq!(
+            fwd_wgmma_kernel(80, MaskKind::Causal, false)
+                .unwrap()
+                .head_dim,
+            128
+        );
+        assert!(fwd_wgmma_kernel(200, MaskKind::Causal, false).is_none());
     }
 
     #[test]

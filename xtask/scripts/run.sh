@@ -22,11 +22,13 @@ case "$what" in
       "$t" --test-threads=4 "$@" 2>&1 | tee -a "$out/test.log" || status=1
     done
     # On Hopper the forward has two paths (wgmma and mma.sync; the default picks by length):
-    # the forward suite again with each forced.
+    # the forward suite again with each forced, and the wgmma one again without ping-pong.
     if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
-      for path in wgmma mma; do
-        echo "=== gpu_forward with FLASH_ATTN_FWD=$path"
-        FLASH_ATTN_FWD=$path "$here"/tests/gpu_forward-test --test-threads=4 "$@" 2>&1 \
+      for run in "wgmma 1" "mma 1" "wgmma 0"; do
+        read -r path pingpong <<< "$run"
+        echo "=== gpu_forward with FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong"
+        FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong \
+          "$here"/tests/gpu_forward-test --test-threads=4 "$@" 2>&1 \
           | tee -a "$out/test.log" || status=1
       done
     fi

@@ -7,6 +7,8 @@
 //! [`kernels_dir`] of the output; the output itself lists their names.
 
 use crate::cmd;
+use flash_attn_kernels::arch::ARCHS;
+use flash_attn_kernels::registry::ALL_KERNELS;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -104,7 +106,14 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
         if !features.is_empty() {
             c.arg(format!("-mattr={features}"));
         }
-        cmd::run(c.arg(&bc).arg("-o").arg(dir.join(format!("{name}.ptx"))))?;
+        let ptx = dir.join(format!("{name}.ptx"));
+        cmd::run(c.arg(&bc).arg("-o").arg(&ptx))?;
+        if let Some(threads) = maxntid(name, &cpu) {
+            let text =
+                std::fs::read_to_string(&ptx).map_err(|e| format!("{}: {e}", ptx.display()))?;
+            let text = with_maxntid(&text, name, threads)?;
+            std::fs::write(&ptx, text).map_err(|e| format!("{}: {e}", ptx.display()))?;
+        }
         std::fs::remove_file(&bc).map_err(|e| e.to_string())
     };
     // Two at a time: llc is single-threaded and the kernels are independent.
@@ -119,4 +128,57 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
             .try_for_each(|h| h.join().map_err(|_| "llc thread panicked".to_string())?)
     })?;
     std::fs::write(&output, exports.join("\n")).map_err(|e| format!("{}: {e}", output.display()))
+}
+
+/// The block size kernel `name` must declare with `.maxntid` on the target of `-mcpu=cpu`, if
+/// the registry says it needs one ([`KernelInfo::maxntid`]). rustc has no attribute for it.
+///
+/// [`KernelInfo::maxntid`]: flash_attn_kernels::registry::KernelInfo::maxntid
+fn maxntid(name: &str, cpu: &str) -> Option<usize> {
+    let arch = ARCHS.iter().find(|a| a.cpu == cpu)?.arch;
+    let k = ALL_KERNELS.iter().find(|k| k.name == name && k.maxntid)?;
+    Some(k.threads[arch.index()])
+}
+
+/// `ptx` with `.maxntid threads, 1, 1` between the parameter list of entry `name` and its
+/// body (where PTX puts performance-tuning directives).
+fn with_maxntid(ptx: &str, name: &str, threads: usize) -> Result<String, String> {
+    let entry = format!(".entry {name}(");
+    let start = ptx
+        .find(&entry)
+        .ok_or_else(|| format!("{name}: no `{entry}` in its PTX"))?;
+    let close = ptx[start..]
+        .find("\n)")
+        .ok_or_else(|| format!("{name}: its parameter list does not end"))?
+        + start
+        + 2;
+    Ok(format!(
+        "{}\n.maxntid {threads}, 1, 1{}",
+        &ptx[..close],
+        &ptx[close..]
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maxntid_goes_between_the_parameters_and_the_body() {
+        let ptx = ".visible .entry k(\n\t.param .align 8 .b8 k_param_0[16]\n)\n{\n\tret;\n}\n";
+        let out = with_maxntid(ptx, "k", 384).unwrap();
+        assert_eq!(
+            out,
+            ".visible .entry k(\n\t.param .align 8 .b8 k_param_0[16]\n)\n.maxntid 384, 1, 1\n{\n\tret;\n}\n"
+        );
+        assert!(with_maxntid(ptx, "other", 384).is_err());
+    }
+
+    #[test]
+    fn only_the_warp_specialised_kernels_declare_their_block_size() {
+        let hopper = ALL_KERNELS.iter().find(|k| k.maxntid).unwrap();
+        assert_eq!(maxntid(hopper.name, "sm_90a"), Some(384));
+        let plain = ALL_KERNELS.iter().find(|k| !k.maxntid).unwrap();
+        assert_eq!(maxntid(plain.name, "sm_90a"), None);
+    }
 }

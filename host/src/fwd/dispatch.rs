@@ -52,12 +52,19 @@ pub(crate) fn fwd_kernel(
     })
 }
 
-/// Whether a forward call over `seqlen_k` keys is long enough for Hopper's `wgmma` kernels
-/// to beat the `mma.sync` ones (measured on the H100, docs/perf-notes.md: 0.83–0.99× at 512
-/// keys, 0.93× causal at 1,024, ≥ 1.02× from 1,024 keys, 2,048 causal): at least 1,024 keys,
-/// 2,048 under a causal mask or a window, which halve the keys a query tile visits.
-pub(crate) fn wgmma_pays(seqlen_k: usize, causal_or_window: bool) -> bool {
-    seqlen_k >= if causal_or_window { 2048 } else { 1024 }
+/// Whether a forward call over `seqlen_k` keys at `head_dim` is long enough for Hopper's
+/// `wgmma` kernels to gain over the `mma.sync` ones: at least 1,024 keys; under a causal mask
+/// or a window (which halve the keys a query tile visits) 2,048 at d > 64 and 4,096 at
+/// d ≤ 64. Measured on the H100 with the warp-specialised kernels (docs/perf-notes.md):
+/// within 1 % of `mma.sync` at 512 keys and at 1,024 causal (d = 128), 0.95–0.98× at 2,048
+/// causal with d = 64, and 1.05–1.85× on every row the thresholds admit.
+pub(crate) fn wgmma_pays(head_dim: usize, seqlen_k: usize, causal_or_window: bool) -> bool {
+    let min_keys = match (causal_or_window, head_dim <= 64) {
+        (false, _) => 1024,
+        (true, false) => 2048,
+        (true, true) => 4096,
+    };
+    seqlen_k >= min_keys
 }
 
 #[cfg(test)]
@@ -89,10 +96,12 @@ mod tests {
     fn hopper_takes_the_wgmma_kernel_of_the_same_head_dim() {
         let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 100, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d128");
-        assert_eq!((k.tile.block_m, k.tile.threads()), (128, 256));
-        // d = 64 has no wgmma kernel (slower there), so it stays on mma.sync.
-        let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 64, MaskKind::Causal, false).unwrap();
-        assert_eq!(k.name, "flash_fwd_f16_d64");
+        assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
+        let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 64, MaskKind::Sparse, true).unwrap();
+        assert_eq!(k.name, "flash_fwd_wgmma_sparse_dropout_f16_d64");
+        // The general mask with dropout at d = 128 has no wgmma kernel (it spills).
+        let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 128, MaskKind::Masked, true).unwrap();
+        assert_eq!(k.name, "flash_fwd_masked_dropout_f16_d128");
         // d = 80 pads to 96 on mma.sync, which has no wgmma kernel; sm_80 never takes one.
         let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 80, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d96");
@@ -102,8 +111,10 @@ mod tests {
 
     #[test]
     fn wgmma_takes_long_calls_only() {
-        assert!(!wgmma_pays(512, false) && wgmma_pays(1024, false));
-        assert!(!wgmma_pays(1024, true) && wgmma_pays(2048, true));
+        assert!(!wgmma_pays(128, 512, false) && wgmma_pays(128, 1024, false));
+        assert!(!wgmma_pays(128, 1024, true) && wgmma_pays(128, 2048, true));
+        assert!(!wgmma_pays(64, 512, false) && wgmma_pays(64, 1024, false));
+        assert!(!wgmma_pays(64, 2048, true) && wgmma_pays(64, 4096, true));
     }
 
     #[test]

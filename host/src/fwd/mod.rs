@@ -7,9 +7,10 @@
 mod dispatch;
 mod dropout_mask;
 pub(crate) mod layout;
+mod tma;
 pub(crate) mod validate;
 
-use flash_attn_kernels::params::FwdParams;
+use flash_attn_kernels::params::{FwdParams, WgmmaFwdParams, SCHEDULE_PINGPONG};
 
 use crate::device::Device;
 use crate::dtype::Element;
@@ -23,6 +24,7 @@ use crate::tensor::DeviceTensor;
 use dispatch::{fwd_kernel, wgmma_pays, FwdKernel};
 pub use dropout_mask::flash_attn_dropout_mask;
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
+use tma::TensorMaps;
 use validate::{
     check_dtype, check_output_shapes, check_placement, dims, input_shape, lse_ref, varlen_shape,
 };
@@ -85,7 +87,7 @@ pub fn forward_kernel_name(
     params: &AttnParams,
 ) -> Result<&'static str> {
     let dropout = params.active_dropout()?.is_some();
-    let long = wgmma_pays(seqlen_k, params.causal || params.window.is_some());
+    let long = wgmma_pays(head_dim, seqlen_k, params.causal || params.window.is_some());
     let kernel = fwd_kernel(
         dev.arch(),
         dev.wgmma_forward(long),
@@ -171,6 +173,9 @@ pub(crate) fn check_varlen_outputs(
 struct ForwardCall {
     shape: AttnShape,
     kernel: FwdKernel,
+    /// The `mma.sync` kernel of the same call, for layouts TMA descriptors cannot describe
+    /// (`kernel` itself when that is no Hopper kernel).
+    fallback: FwdKernel,
     scale_log2: f32,
     /// Attention dropout, if any (checked).
     dropout: Option<crate::params::Dropout>,
@@ -189,15 +194,13 @@ impl ForwardCall {
     ) -> Result<Self> {
         let d = shape.head_dim;
         let dropout = params.active_dropout()?;
-        let long = wgmma_pays(shape.seqlen_k, params.causal || params.window.is_some());
-        let kernel = fwd_kernel(
-            dev.arch(),
-            dev.wgmma_forward(long),
-            T::DTYPE,
-            d,
-            params.mask_kind(),
-            dropout.is_some(),
-        )?;
+        let causal_or_window = params.causal || params.window.is_some();
+        let long = wgmma_pays(d, shape.seqlen_k, causal_or_window);
+        let pick = |wgmma| {
+            let (mask, dropout) = (params.mask_kind(), dropout.is_some());
+            fwd_kernel(dev.arch(), wgmma, T::DTYPE, d, mask, dropout)
+        };
+        let (kernel, fallback) = (pick(dev.wgmma_forward(long))?, pick(false)?);
         let scale_log2 = params.kernel_scale_log2(d)?;
         params.check_masks(shape.batch, shape.heads_q)?;
         params.check_bit_masks(shape)?;
@@ -205,6 +208,7 @@ impl ForwardCall {
         Ok(Self {
             shape: *shape,
             kernel,
+            fallback,
             scale_log2,
             dropout,
         })
@@ -241,41 +245,74 @@ impl ForwardCall {
             reserved: 0,
             dropout: Default::default(),
         };
-        let tile = self.kernel.tile;
-        for run in runs.iter().filter(|r| r.len_q > 0) {
-            let p = FwdParams {
-                q: run.tensor(base.q, true),
-                k: run.tensor(base.k, false),
-                v: run.tensor(base.v, false),
-                o: run.tensor(base.o, true),
-                lse: run.stats(base.lse),
-                dims: run.dims(shape, padded_d),
-                mask: run.mask(base.mask),
-                dropout: run.dropout(self.dropout),
-                ..base
-            };
+        let launches: Vec<(&SeqRun, FwdParams)> = runs
+            .iter()
+            .filter(|r| r.len_q > 0)
+            .map(|run| {
+                let p = FwdParams {
+                    q: run.tensor(base.q, true),
+                    k: run.tensor(base.k, false),
+                    v: run.tensor(base.v, false),
+                    o: run.tensor(base.o, true),
+                    lse: run.stats(base.lse),
+                    dims: run.dims(shape, padded_d),
+                    mask: run.mask(base.mask),
+                    dropout: run.dropout(self.dropout),
+                    ..base
+                };
+                (run, p)
+            })
+            .collect();
+        let (mut kernel, mut maps) = (self.kernel, None);
+        if kernel.tile.producer_warps > 0 {
+            let params: Vec<FwdParams> = launches.iter().map(|(_, p)| *p).collect();
+            let (bm, bn) = (kernel.tile.block_m, kernel.tile.block_n);
+            maps = TensorMaps::upload(dev, &params, bm, bn)?;
+            if maps.is_none() {
+                kernel = self.fallback; // a layout the TMA descriptors cannot describe
+            }
+        }
+        let tile = kernel.tile;
+        for (i, (run, p)) in launches.into_iter().enumerate() {
             let grid = (
                 run.len_q.div_ceil(tile.block_m) as u32,
                 shape.heads_q as u32,
                 run.count as u32,
             );
+            let (name, threads, smem) = (kernel.name, tile.threads() as u32, tile.smem_bytes());
             // SAFETY: every pointer and stride in `p` was derived from live tensors whose
-            // shapes were checked, the run's rows from validated lengths within them; grid,
-            // block and shared memory are the tile's.
+            // shapes were checked, the run's rows from validated lengths within them; the
+            // tensor maps describe the same tensors; grid, block and shared memory are the
+            // tile's.
             unsafe {
-                launch(
-                    dev,
-                    self.kernel.name,
-                    grid,
-                    tile.threads() as u32,
-                    tile.smem_bytes(),
-                    p,
-                )?
+                match &maps {
+                    Some(maps) => {
+                        let tensor_maps = maps.address(dev, i);
+                        let p = WgmmaFwdParams {
+                            fwd: p,
+                            tensor_maps,
+                            schedule: wgmma_schedule(),
+                            reserved: 0,
+                        };
+                        launch(dev, name, grid, threads, smem, p)?
+                    }
+                    None => launch(dev, name, grid, threads, smem, p)?,
+                }
             };
         }
         if let Some(packed) = &o_packed {
             scatter_output(dev, o, packed, d, padded_d)?;
         }
         Ok(())
+    }
+}
+
+/// How the Hopper kernels' two consumer warpgroups issue their products: taking turns
+/// ([`SCHEDULE_PINGPONG`], the default), or as they come with `FLASH_ATTN_WGMMA_PINGPONG=0`
+/// (a diagnostic switch for benchmarks; both are exact).
+fn wgmma_schedule() -> u32 {
+    match std::env::var("FLASH_ATTN_WGMMA_PINGPONG").as_deref() {
+        Ok("0") => 0,
+        _ => SCHEDULE_PINGPONG,
     }
 }

@@ -385,15 +385,43 @@ impl<const ROWS: usize, const D: usize> GmmaTile<ROWS, D> {
         }
     }
 
-    /// [`SmemTile::negate_own`] of the whole tile.
+    /// Starts the TMA copies of rows `row ..` of `(head, batch)` of the tensor `map` describes
+    /// (one 64-column box of `ROWS` rows per column block) into this tile, completing on `bar`,
+    /// which must expect [`Self::BYTES`]. Rows and columns outside the tensor arrive as zeros.
     ///
     /// # Safety
-    /// As [`SmemTile::negate_own`], after [`GmmaTile::load_async`] with the same `WARPS`.
+    /// sm_90 only; `map` describes a 16-bit tensor with `(64, ROWS, 1, 1)` boxes and the
+    /// 128-byte swizzle (see [`crate::params::WgmmaFwdParams`]); the tile is 1024-byte
+    /// aligned and no one reads it until `bar` completes.
     #[inline(always)]
-    pub unsafe fn negate_own<const WARPS: usize>(self, tid: u32) {
+    pub unsafe fn load_tma(self, map: u64, row: u32, head: u32, batch: u32, bar: u32) {
         for cb in 0..Self::BLOCKS {
-            self.block(cb)
-                .negate_own::<{ crate::gmma::BLOCK_COLS }, WARPS>(tid);
+            let dst = self.base + (cb * ROWS * crate::gmma::ROW_BYTES as usize) as u32;
+            let col = (cb * crate::gmma::BLOCK_COLS) as u32;
+            ptx::cp_async_bulk_tensor_4d(dst, map, [col, row, head, batch], bar);
+        }
+    }
+
+    /// Flips the sign of rows `row0 .. row0 + ROWS_PART` of every column block (exact for f16
+    /// and bf16), shared by `THREADS` threads of which this is `t`. Whole rows keep their
+    /// place under the swizzle, so no address is unswizzled.
+    ///
+    /// # Safety
+    /// The rows are in shared memory and no one else touches them meanwhile.
+    #[inline(always)]
+    pub unsafe fn negate_rows<const ROWS_PART: usize, const THREADS: usize>(
+        self,
+        row0: usize,
+        t: u32,
+    ) {
+        let row_bytes = crate::gmma::ROW_BYTES as usize;
+        const { assert!((ROWS_PART * crate::gmma::ROW_BYTES as usize / 16) % THREADS == 0) };
+        for cb in 0..Self::BLOCKS {
+            let start = self.base as usize + cb * ROWS * row_bytes + row0 * row_bytes;
+            for i in 0..ROWS_PART * row_bytes / 16 / THREADS {
+                let a = (start + 16 * (i * THREADS + t as usize)) as u32;
+                ptx::st_shared_v4(a, ptx::ld_shared_v4(a).map(|x| x ^ 0x8000_8000));
+            }
         }
     }
 

@@ -36,3 +36,30 @@ const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 64
 const _: () = assert!(core::mem::offset_of!(FwdParams, lse) == 128);
 const _: () = assert!(core::mem::offset_of!(FwdParams, dims) == 152);
 const _: () = assert!(core::mem::offset_of!(FwdParams, mask) == 184);
+
+/// Bytes of one `CUtensorMap` (a TMA descriptor); they are 64-byte aligned.
+pub const TENSOR_MAP_BYTES: usize = 128;
+
+/// Parameters of Hopper's warp-specialised forward kernels (`flash_fwd_wgmma_*`): the
+/// forward's, plus the TMA descriptors of Q, K and V, which the host encodes for the same
+/// pointers, strides and sizes and leaves in global memory (a descriptor passed by value would
+/// be copied to local memory, which TMA cannot read).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WgmmaFwdParams {
+    /// The forward's parameters.
+    pub fwd: FwdParams,
+    /// Device address of three consecutive [`TENSOR_MAP_BYTES`]-byte tensor maps (Q, K, V),
+    /// each of rank 4 over `(head_dim, seq, head, batch)` with 64-column boxes and the
+    /// 128-byte swizzle: Q's box has 128 rows, K's and V's the kernel's `block_n`.
+    pub tensor_maps: u64,
+    /// [`SCHEDULE_PINGPONG`] or 0 (the consumer warpgroups issue their products as they
+    /// come).
+    pub schedule: u32,
+    /// Keeps the size a multiple of 8 without implicit padding.
+    pub reserved: u32,
+}
+
+/// [`WgmmaFwdParams::schedule`]: the two consumer warpgroups take turns issuing their
+/// products (named barriers), so one's softmax runs while the other's products do.
+pub const SCHEDULE_PINGPONG: u32 = 1;

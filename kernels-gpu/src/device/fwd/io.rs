@@ -6,7 +6,7 @@ use super::super::frag::{AccTile, FragPos, RowVec, ThreadPos};
 use super::super::gemm::AFragments;
 use super::super::ptx;
 use super::super::softmax::OnlineSoftmax;
-use super::super::tile::{GmmaTile, LaneOffsets, SmemTile};
+use super::super::tile::{LaneOffsets, SmemTile};
 use crate::block::BlockInfo;
 use crate::mask::AttnMask;
 use crate::params::FwdParams;
@@ -120,29 +120,6 @@ impl KvSource {
             .load_async::<D, WARPS>(k, self.k_row, valid, self.head_dim, tid);
         dst.v
             .load_async::<D, WARPS>(v, self.v_row, valid, self.head_dim, tid);
-    }
-}
-
-impl KvSource {
-    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
-    /// [`KvSource::load`] into tiles of the warpgroup-product layout.
-    ///
-    /// # Safety
-    /// As [`KvSource::load`].
-    #[inline(always)]
-    pub unsafe fn load_gmma<const D: usize, const WARPS: usize, const BN: usize>(
-        &self,
-        k: GmmaTile<BN, D>,
-        v: GmmaTile<BN, D>,
-        n: u32,
-        tid: u32,
-    ) {
-        let key0 = n * BN as u32;
-        let valid = self.seqlen_k - key0;
-        let src_k = self.k.add(key0 as usize * self.k_row as usize);
-        let src_v = self.v.add(key0 as usize * self.v_row as usize);
-        k.load_async::<WARPS>(src_k, self.k_row, valid, self.head_dim, tid);
-        v.load_async::<WARPS>(src_v, self.v_row, valid, self.head_dim, tid);
     }
 }
 

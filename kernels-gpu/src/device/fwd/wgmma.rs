@@ -1,35 +1,39 @@
-//! Forward attention on Hopper's warpgroup products (sm_90a): the same algorithm, masks,
-//! softmax, dropout and epilogue as [`super::flash_fwd`], with both products on `wgmma`.
+//! Forward attention on Hopper (sm_90a), warp-specialised: a producer warpgroup whose one
+//! thread loads every tile with TMA, and two consumer warpgroups that run both products on
+//! `wgmma`, with the same masks, softmax, dropout and epilogue as [`super::flash_fwd`].
 //!
-//! Block: `BM = 128` query rows, 8 warps = 2 warpgroups of 64 rows each; warp `w` owns rows
-//! `16w .. 16w + 16`, in the `mma.m16n8k16` accumulator layout that `wgmma` shares, so every
-//! register-tile layer (softmax, masks, dropout, the O store) is the one of the `mma.sync`
-//! kernels.
+//! Block: 384 threads. Warpgroup 0 is the producer: it gives its registers back
+//! (`setmaxnreg.dec` to [`PRODUCER_REGS`]) and its thread 0 issues the copies. Warpgroups 1
+//! and 2 are the consumers (`setmaxnreg.inc` to [`CONSUMER_REGS`]), 64 query rows each of the
+//! block's `BM = 128`; consumer warp `w` owns rows `16w .. 16w + 16`, in the `mma.m16n8k16`
+//! accumulator layout that `wgmma` shares, so every register-tile layer (softmax, masks,
+//! dropout, the O store) is the one of the `mma.sync` kernels.
 //!
 //! ```text
-//! load Q, tiles 0 and 1                          global → shared (cp.async, all threads)
-//! S = Q·K₀ᵀ; P₀ ← online softmax of S           wgmma m64n128k16 (Q, K from shared memory)
-//! for tile i + 1 = 1, 2, … the mask visits:
-//!     load tile i + 2 into its stage             cp.async, all threads
-//!     issue S = Q·Kᵢ₊₁ᵀ, then O += Pᵢ·Vᵢ          wgmma; P from registers, V (MN-major) from
-//!                                                shared memory, one m64n64k16 per 64 columns
-//!     wait for S; Pᵢ₊₁ ← online softmax of S     registers, as the mma.sync kernels, while
-//!     [· dropout]                                O += Pᵢ·Vᵢ runs on the tensor cores
-//!     wait for O; O ·= the softmax's rescale
-//!     wait for tile i + 2; fence.proxy.async; bar.sync
-//! O += P_last·V_last; O /= l; LSE                one write per row
+//! producer (one thread)                     consumers (each warpgroup, its 64 rows)
+//! Q → shared (TMA), on q_full               wait q_full
+//! for each key tile j the mask visits:      S = Q·K₀ᵀ; P₀ ← online softmax of S
+//!   wait empty[j % 3]                       for tile i + 1 = 1, 2, …:
+//!   K_j → stage, on k_full[j % 3]             wait k_full; issue S = Q·Kᵢ₊₁ᵀ   (m64n128k16)
+//!   V_j → stage, on v_full[j % 3]             wait v_full; issue O += Pᵢ·Vᵢ   (m64n64k16 ×
+//!                                               D/64, P from registers, V MN-major)
+//!                                             wait for S; Pᵢ₊₁ ← softmax   (while P·V runs)
+//!                                             wait for O; arrive empty[i % 3]; O ·= rescale
+//!                                           O += P_last·V_last; O /= l; LSE
 //! ```
 //!
 //! Shared memory (dynamic, 1024-byte aligned, [`crate::config::FwdTile::smem_bytes`]): Q
-//! `[BM][D]`, then a ring of `STAGES = 3` (K `[BN][D]`, V `[BN][D]`) stages, each tile in the
-//! layout of [`crate::gmma`]; tile `i` lives in stage `i % 3`, so tile `i + 2` loads while K of
-//! tile `i + 1` and V of tile `i` are read. Registers per thread: S `BN/2` f32, P `BN/4`
-//! packed, O `D/2` f32, m and l of 2 rows. Sync points: the `cp.async` copies are made
-//! visible to the tensor cores' (async) proxy by `fence.proxy.async` in each copying thread,
-//! then one `bar.sync` per key tile, which also frees the stage the next load overwrites
-//! (every warpgroup has waited for its products by then).
+//! `[BM][D]`, a ring of `STAGES = 3` (K `[BN][D]`, V `[BN][D]`) stages in the layout of
+//! [`crate::gmma`] (which is TMA's 128-byte swizzle of 64-column boxes), then the barriers.
+//! Registers per consumer thread: S `BN/2` f32, P `BN/4` packed, O `D/2` f32, m and l of 2
+//! rows. Sync points: one `bar.sync` after the barriers are initialised; from then on only
+//! `mbarrier`s: `*_full` complete when the copies' bytes land (one arrival, the producer's
+//! `expect_tx`), `empty[s]` when every consumer warp has finished reading stage `s` (one
+//! arrival per warp, by lane 0, after its products' `wgmma.wait_group`). A negative softmax scale negates
+//! each warpgroup's Q rows in place, then `fence.proxy.async` and a named barrier of that
+//! warpgroup.
 
-use super::io::{store_output, KvSource};
+use super::io::store_output;
 use super::KeyTile;
 use crate::block::BlockInfo;
 use crate::config::MMA_M;
@@ -41,24 +45,37 @@ use crate::device::softmax::OnlineSoftmax;
 use crate::device::tile::GmmaTile;
 use crate::gmma::BLOCK_COLS;
 use crate::mask::AttnMask;
-use crate::params::FwdParams;
+use crate::params::{FwdParams, WgmmaFwdParams, SCHEDULE_PINGPONG, TENSOR_MAP_BYTES};
 use crate::rng::DropoutRng;
 use core::marker::PhantomData;
 
 /// Query rows per block.
 pub const BM: usize = 128;
-/// Warps per block (two warpgroups).
+/// Consumer warps per block (two warpgroups).
 pub const WARPS: usize = 8;
+/// Producer warps per block (one warpgroup, of which one thread works).
+pub const PRODUCER_WARPS: usize = 4;
+/// Register limit of the producer warpgroup after `setmaxnreg.dec`.
+pub const PRODUCER_REGS: u32 = 24;
+/// Register limit of the consumer warpgroups after `setmaxnreg.inc`: with the producer's,
+/// `128·(24 + 2·240) = 64 512` of the SM's 65 536.
+pub const CONSUMER_REGS: u32 = 240;
 /// Rows of one warpgroup's products.
 const WG_ROWS: usize = 64;
+/// Threads of one warpgroup.
+const WG_THREADS: u32 = 128;
+/// Bytes of the barriers after the tiles: `q_full`, then `k_full`, `v_full` and `empty` of
+/// each stage (8 bytes each; reserved for up to 4 stages).
+pub const BARRIER_BYTES: usize = crate::config::TMA_BARRIER_BYTES;
 
-/// The forward kernel body on `wgmma`; see the module docs. Const parameters: `D` compiled
-/// head dim (a multiple of 64), `BN` keys per tile (128: the `m64n128k16` product),
+/// The forward kernel body on TMA and `wgmma`; see the module docs. Const parameters: `D`
+/// compiled head dim (a multiple of 64), `BN` keys per tile (128: the `m64n128k16` product),
 /// `D_TILES = D/8`, `N_TILES = BN/8`, `STAGES` (3), `DROPOUT`.
 ///
 /// # Safety
-/// sm_90a only. Launched with grid `(ceil(seqlen_q / 128), heads_q, batch)`, 256 threads and
-/// `FwdTile::smem_bytes()` bytes of dynamic shared memory, on parameters the host validated.
+/// sm_90a only. Launched with grid `(ceil(seqlen_q / 128), heads_q, batch)`, 384 threads,
+/// `FwdTile::smem_bytes()` bytes of dynamic shared memory and `.maxntid 384` in its PTX, on
+/// parameters the host validated, whose tensor maps describe `args.fwd`'s Q, K and V.
 #[inline(always)]
 pub unsafe fn flash_fwd_wgmma<
     E: Elem,
@@ -70,17 +87,22 @@ pub unsafe fn flash_fwd_wgmma<
     const STAGES: usize,
     const DROPOUT: bool,
 >(
-    p: &FwdParams,
+    args: &WgmmaFwdParams,
 ) {
     const {
         assert!(D % BLOCK_COLS == 0 && D_TILES * 8 == D && N_TILES * 8 == BN && BN == 128);
         assert!(STAGES == 3); // tile i + 2 loads while tiles i (V) and i + 1 (K) are read
+        assert!(BARRIER_BYTES >= 8 * (1 + 3 * STAGES));
     };
-    let base = ptx::dyn_smem_base();
-    if base % 1024 != 0 {
-        core::arch::nvptx::trap(); // the 128-byte swizzle atoms must be aligned
+    let p = &args.fwd;
+    let layout = SmemLayout::<D, BN, STAGES> {
+        base: ptx::dyn_smem_base(),
+    };
+    if layout.base % 1024 != 0 {
+        core::arch::nvptx::trap(); // TMA's 128-byte swizzle needs 1024-byte aligned boxes
     }
     let me = ThreadPos::current();
+    let warp = ptx::shfl_sync_idx_u32(me.warp, 0); // warp-uniform for ptxas (see its docs)
     let longest_first = M::later_rows_see_more(&p.mask);
     let block = BlockInfo::new(
         &p.dims,
@@ -90,88 +112,286 @@ pub unsafe fn flash_fwd_wgmma<
         longest_first,
     );
     let mask = M::new(&p.mask, &block);
+    if me.tid == 0 {
+        layout.bars().init();
+    }
+    ptx::bar_sync(); // the barriers are initialised (the only block-wide barrier)
+    let first = mask.first_key_tile(block.row0, BM as u32, BN as u32);
+    if warp < PRODUCER_WARPS as u32 {
+        ptx::setmaxnreg_dec::<PRODUCER_REGS>();
+        if let (0, Some(first)) = (me.tid, first) {
+            produce(args.tensor_maps, &block, &mask, layout, first);
+        }
+        return;
+    }
+    ptx::setmaxnreg_inc::<CONSUMER_REGS>();
+    let producer_threads = (PRODUCER_WARPS * 32) as u32;
+    let me = ThreadPos {
+        tid: me.tid - producer_threads,
+        warp: warp - PRODUCER_WARPS as u32,
+        lane: me.lane,
+    };
+    let pingpong = args.schedule == SCHEDULE_PINGPONG;
+    consume::<E, M, D, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
+        p, &block, &mask, layout, first, me, pingpong,
+    );
+}
+
+/// Where the tiles and barriers live in dynamic shared memory (see the module docs).
+#[derive(Clone, Copy)]
+struct SmemLayout<const D: usize, const BN: usize, const STAGES: usize> {
+    base: u32,
+}
+
+impl<const D: usize, const BN: usize, const STAGES: usize> SmemLayout<D, BN, STAGES> {
+    /// The Q tile.
+    #[inline(always)]
+    fn q(self) -> GmmaTile<BM, D> {
+        GmmaTile::at(self.base)
+    }
+
+    /// The K and V tiles of ring stage `s`.
+    #[inline(always)]
+    fn stage(self, s: u32) -> (GmmaTile<BN, D>, GmmaTile<BN, D>) {
+        let bytes = GmmaTile::<BN, D>::BYTES;
+        let at = self.base + GmmaTile::<BM, D>::BYTES + s * 2 * bytes;
+        (GmmaTile::at(at), GmmaTile::at(at + bytes))
+    }
+
+    /// The barriers, after the ring.
+    #[inline(always)]
+    fn bars(self) -> Barriers<STAGES> {
+        let ring = STAGES as u32 * 2 * GmmaTile::<BN, D>::BYTES;
+        Barriers {
+            base: self.base + GmmaTile::<BM, D>::BYTES + ring,
+        }
+    }
+}
+
+/// The block's `mbarrier`s: `q_full`, then per stage `k_full`, `v_full` and `empty`.
+#[derive(Clone, Copy)]
+struct Barriers<const STAGES: usize> {
+    base: u32,
+}
+
+impl<const STAGES: usize> Barriers<STAGES> {
+    /// Completes when Q has landed.
+    #[inline(always)]
+    fn q_full(self) -> u32 {
+        self.base
+    }
+
+    /// Completes when stage `s`'s K tile has landed.
+    #[inline(always)]
+    fn k_full(self, s: u32) -> u32 {
+        self.base + 8 + 8 * s
+    }
+
+    /// Completes when stage `s`'s V tile has landed.
+    #[inline(always)]
+    fn v_full(self, s: u32) -> u32 {
+        self.base + 8 + 8 * (STAGES as u32 + s)
+    }
+
+    /// Completes when every consumer warp has finished reading stage `s`.
+    #[inline(always)]
+    fn empty(self, s: u32) -> u32 {
+        self.base + 8 + 8 * (2 * STAGES as u32 + s)
+    }
+
+    /// Initialises every barrier (one thread).
+    #[inline(always)]
+    unsafe fn init(self) {
+        ptx::mbarrier_init(self.q_full(), 1);
+        for s in 0..STAGES as u32 {
+            ptx::mbarrier_init(self.k_full(s), 1);
+            ptx::mbarrier_init(self.v_full(s), 1);
+            ptx::mbarrier_init(self.empty(s), WARPS as u32);
+        }
+        ptx::fence_mbarrier_init();
+    }
+}
+
+/// The consumer warpgroups' turns at issuing products ([`SCHEDULE_PINGPONG`]): warpgroup `w`
+/// waits at named barrier `TURN_BARRIER + w` (256 threads: its own wait, the other's
+/// arrival) and, once its products are issued, arrives at the other's. Both run the same key
+/// tiles, so the arrivals and waits pair up exactly: warpgroup 1 arrives once before the loop
+/// (warpgroup 0 goes first) and skips its arrival in the last step.
+#[derive(Clone, Copy)]
+struct Turns {
+    on: bool,
+    wg: u32,
+}
+
+/// First named barrier of [`Turns`] (0 is `bar.sync`'s, 1 and 2 the warpgroups' own).
+const TURN_BARRIER: u32 = 3;
+
+impl Turns {
+    /// Before the loop (if it runs at all): warpgroup 1 lets warpgroup 0 go first.
+    #[inline(always)]
+    unsafe fn start(self) {
+        if self.on && self.wg == 1 {
+            ptx::bar_arrive_named(TURN_BARRIER, 2 * WG_THREADS);
+        }
+    }
+
+    /// Waits for this warpgroup's turn.
+    #[inline(always)]
+    unsafe fn wait(self) {
+        if self.on {
+            ptx::bar_sync_named(TURN_BARRIER + self.wg, 2 * WG_THREADS);
+        }
+    }
+
+    /// Gives the turn to the other warpgroup (unless this is warpgroup 1's last step, which
+    /// warpgroup 0 does not wait for).
+    #[inline(always)]
+    unsafe fn pass(self, last: bool) {
+        if self.on && !(last && self.wg == 1) {
+            ptx::bar_arrive_named(TURN_BARRIER + (1 - self.wg), 2 * WG_THREADS);
+        }
+    }
+}
+
+/// Ring stage and phase parity of the `j`-th key tile of the loop.
+#[inline(always)]
+fn ring<const STAGES: usize>(j: u32) -> (u32, u32) {
+    (j % STAGES as u32, (j / STAGES as u32) & 1)
+}
+
+/// The producer (one thread): Q, then each key tile the mask visits into the next free stage.
+#[inline(always)]
+unsafe fn produce<M: AttnMask, const D: usize, const BN: usize, const STAGES: usize>(
+    maps: u64,
+    block: &BlockInfo,
+    mask: &M,
+    layout: SmemLayout<D, BN, STAGES>,
+    first: u32,
+) {
+    let (map_q, map_k, map_v) = (
+        maps,
+        maps + TENSOR_MAP_BYTES as u64,
+        maps + 2 * TENSOR_MAP_BYTES as u64,
+    );
+    for map in [map_q, map_k, map_v] {
+        ptx::prefetch_tensormap(map);
+    }
+    let bars = layout.bars();
+    ptx::mbarrier_arrive_expect_tx(bars.q_full(), GmmaTile::<BM, D>::BYTES);
+    layout
+        .q()
+        .load_tma(map_q, block.row0, block.head, block.batch, bars.q_full());
+    let (mut n, mut j) = (first, 0u32);
+    loop {
+        let (s, phase) = ring::<STAGES>(j);
+        ptx::mbarrier_wait(bars.empty(s), phase ^ 1); // fresh barriers: every stage free
+        let (k, v) = layout.stage(s);
+        let (key0, bytes) = (n * BN as u32, GmmaTile::<BN, D>::BYTES);
+        ptx::mbarrier_arrive_expect_tx(bars.k_full(s), bytes);
+        k.load_tma(map_k, key0, block.kv_head, block.batch, bars.k_full(s));
+        ptx::mbarrier_arrive_expect_tx(bars.v_full(s), bytes);
+        v.load_tma(map_v, key0, block.kv_head, block.batch, bars.v_full(s));
+        j += 1;
+        match mask.next_key_tile(block.row0, BM as u32, BN as u32, n) {
+            Some(next) => n = next,
+            None => break,
+        }
+    }
+}
+
+/// A consumer warpgroup's part: the key loop over its 64 rows, then O and LSE. `me` counts
+/// threads and warps from the first consumer.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn consume<
+    E: Elem,
+    M: AttnMask,
+    const D: usize,
+    const BN: usize,
+    const D_TILES: usize,
+    const N_TILES: usize,
+    const STAGES: usize,
+    const DROPOUT: bool,
+>(
+    p: &FwdParams,
+    block: &BlockInfo,
+    mask: &M,
+    layout: SmemLayout<D, BN, STAGES>,
+    first: Option<u32>,
+    me: ThreadPos,
+    pingpong: bool,
+) {
     let warp_m0 = me.warp as usize * MMA_M; // first row of this warp
-    let wg_m0 = (me.warp as usize / 4) * WG_ROWS; // first row of this warpgroup
+    let wg = me.warp / 4;
+    let wg_m0 = wg as usize * WG_ROWS; // first row of this warpgroup
     let mut o = AccTile::<1, D_TILES>::zero();
     let mut softmax = OnlineSoftmax::<1>::new();
-
     let (row0, bm, bn) = (block.row0, BM as u32, BN as u32);
-    if let Some(first) = mask.first_key_tile(row0, bm, bn) {
+    if let Some(first) = first {
         let pos = FragPos::of(me.lane);
         let rows = RowVec::<u32, 1>::from_fn(|_, r| row0 + pos.row(0, r) + warp_m0 as u32);
         let pipe = Pipeline::<E, M, D, BN, STAGES, DROPOUT> {
-            q: GmmaTile::at(base),
-            kv_base: base + GmmaTile::<BM, D>::BYTES,
-            kv: KvSource::new(p, &block),
-            tid: me.tid,
+            layout,
             lane: me.lane,
             wg_m0,
-            mask: &mask,
+            mask,
             rows,
             row0,
             rng: rng_for(&p.dropout, block.batch, block.head, p.dims.heads_q),
             scale: p.scale_log2.abs(),
             elem: PhantomData,
         };
-        let q_src = (p.q.ptr as *const u16).add(block.query_offset(&p.q, row0) as usize);
-        let q_rows = block.rows_left();
-        pipe.q
-            .load_async::<WARPS>(q_src, p.q.strides.row, q_rows, p.dims.head_dim, me.tid);
-        pipe.load(0, first);
-        let mut next = mask.next_key_tile(row0, bm, bn, first);
-        if let Some(second) = next {
-            pipe.load(1, second);
-            ptx::cp_async_wait_group::<1>(); // Q and the first tile
-        } else {
-            ptx::cp_async_wait_group::<0>();
-        }
+        ptx::mbarrier_wait(layout.bars().q_full(), 0);
         if p.scale_log2 < 0.0 {
-            pipe.q.negate_own::<WARPS>(me.tid); // softmax(s·c), c < 0, is softmax((−Q)·Kᵀ·|c|)
+            // softmax(s·c), c < 0, is softmax((−Q)·Kᵀ·|c|): each warpgroup negates its rows.
+            let t = me.tid % WG_THREADS;
+            layout
+                .q()
+                .negate_rows::<WG_ROWS, { WG_THREADS as usize }>(wg_m0, t);
+            ptx::fence_proxy_async_shared_cta();
+            ptx::bar_sync_named(1 + wg, WG_THREADS);
         }
-        ptx::fence_proxy_async_shared_cta();
-        ptx::bar_sync();
-
         let mut s = AccTile::<1, N_TILES>::zero();
+        pipe.wait_k(0);
         ptx::wgmma_fence();
         pipe.issue_s(&mut s, 0);
         ptx::wgmma_wait_group::<0>();
         ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
         pipe.softmax(&mut s, &mut softmax, first); // O is still zero: nothing to rescale
         let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+        let mut next = mask.next_key_tile(row0, bm, bn, first);
+        let turns = Turns { on: pingpong, wg };
         if next.is_some() {
-            ptx::cp_async_wait_group::<0>();
-            ptx::fence_proxy_async_shared_cta();
-            ptx::bar_sync(); // the second tile landed
+            turns.start();
         }
-        // Tile `i` (stage i) has its P in `p_cur`; tile `i + 1` is in shared memory.
+        // Tile `i` has its P in `p_cur`; tile `i + 1` is `next`.
         let mut i = 0u32;
         while let Some(n) = next {
             let after = mask.next_key_tile(row0, bm, bn, n);
-            if let Some(after) = after {
-                pipe.load(i + 2, after); // its stage's last reader finished before the last barrier
-            }
             // S of tile i + 1 and O += P·V of tile i, both on the tensor cores; the softmax of
-            // tile i + 1 runs while the second product does.
+            // tile i + 1 runs while the second product does (and, taking turns, while the
+            // other warpgroup's products do).
+            pipe.wait_k(i + 1);
+            pipe.wait_v(i);
+            turns.wait();
             ptx::wgmma_fence();
             pipe.issue_s(&mut s, i + 1);
             pipe.issue_pv(&mut o, &p_cur, i);
+            turns.pass(after.is_none());
             ptx::wgmma_wait_group::<1>();
             ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
             let factor = pipe.softmax(&mut s, &mut softmax, n);
             ptx::wgmma_wait_group::<0>();
             ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+            pipe.release(i); // K of tile i was read by an earlier S, its V by this P·V
             if let Some(factor) = factor {
                 o.scale_rows(&factor); // O ·= 2^(m − m'), now that P·V of tile i is in
             }
             p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
-            if after.is_some() {
-                ptx::cp_async_wait_group::<0>();
-                ptx::fence_proxy_async_shared_cta();
-                ptx::bar_sync(); // tile i + 2 landed; every warpgroup is done with tile i
-            }
             i += 1;
             next = after;
         }
+        pipe.wait_v(i);
         ptx::wgmma_fence();
         pipe.issue_pv(&mut o, &p_cur, i);
         ptx::wgmma_wait_group::<0>();
@@ -179,19 +399,15 @@ pub unsafe fn flash_fwd_wgmma<
     }
     let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
     let first_row = row0 + warp_m0 as u32;
-    store_output::<E, M, 1, D_TILES>(p, &block, &mask, first_row, &o, &softmax, o_scale);
+    store_output::<E, M, 1, D_TILES>(p, block, mask, first_row, &o, &softmax, o_scale);
 }
 
-/// What a thread of the block needs to run the key loop: its tiles, its rows, the mask and the
-/// dropout generator. Methods, not closures: a closure that LLVM leaves out of line moves the
-/// register tiles it takes by reference to local memory.
+/// What a consumer thread needs to run the key loop: the shared-memory layout, its rows, the
+/// mask and the dropout generator. Methods, not closures: a closure that LLVM leaves out of
+/// line moves the register tiles it takes by reference to local memory.
 struct Pipeline<'a, E, M, const D: usize, const BN: usize, const STAGES: usize, const DROPOUT: bool>
 {
-    q: GmmaTile<BM, D>,
-    /// Shared address of stage 0's K tile.
-    kv_base: u32,
-    kv: KvSource,
-    tid: u32,
+    layout: SmemLayout<D, BN, STAGES>,
     lane: u32,
     /// First row of the thread's warpgroup in the block.
     wg_m0: usize,
@@ -213,35 +429,43 @@ impl<
         const DROPOUT: bool,
     > Pipeline<'_, E, M, D, BN, STAGES, DROPOUT>
 {
-    /// The K and V tiles of the stage of tile `i` (the `i`-th tile of the loop).
+    /// Waits until the K tile of loop tile `i` has landed.
     #[inline(always)]
-    fn stage(&self, i: u32) -> (GmmaTile<BN, D>, GmmaTile<BN, D>) {
-        let bytes = GmmaTile::<BN, D>::BYTES;
-        let at = self.kv_base + (i % STAGES as u32) * 2 * bytes;
-        (GmmaTile::at(at), GmmaTile::at(at + bytes))
+    unsafe fn wait_k(&self, i: u32) {
+        let (s, phase) = ring::<STAGES>(i);
+        ptx::mbarrier_wait(self.layout.bars().k_full(s), phase);
     }
 
-    /// Starts the copies of key tile `n` into the stage of tile `i`, as one group.
+    /// Waits until the V tile of loop tile `i` has landed.
     #[inline(always)]
-    unsafe fn load(&self, i: u32, n: u32) {
-        let (k, v) = self.stage(i);
-        self.kv.load_gmma::<D, WARPS, BN>(k, v, n, self.tid);
-        ptx::cp_async_commit_group();
+    unsafe fn wait_v(&self, i: u32) {
+        let (s, phase) = ring::<STAGES>(i);
+        ptx::mbarrier_wait(self.layout.bars().v_full(s), phase);
     }
 
-    /// Issues and commits `S = Q·Kᵀ` of the stage of tile `i` for the warpgroup's 64 rows.
+    /// Tells the producer this warp is done with the stage of loop tile `i` (after the
+    /// warpgroup's products that read it completed, which every lane waited for): lane 0
+    /// arrives, by a predicated instruction (a branch on the lane index among the `wgmma`s
+    /// would make ptxas serialize them).
+    #[inline(always)]
+    unsafe fn release(&self, i: u32) {
+        let bar = self.layout.bars().empty(ring::<STAGES>(i).0);
+        ptx::mbarrier_arrive_if(bar, self.lane == 0);
+    }
+
+    /// Issues and commits `S = Q·Kᵀ` of loop tile `i` for the warpgroup's 64 rows.
     #[inline(always)]
     unsafe fn issue_s<const NT: usize>(&self, s: &mut AccTile<1, NT>, i: u32) {
-        let k = self.stage(i).0;
+        let (q, k) = (self.layout.q(), self.layout.stage(ring::<STAGES>(i).0).0);
         for ks in 0..D / 16 {
-            let (a, b) = (self.q.k_major(self.wg_m0, ks), k.k_major(0, ks));
+            let (a, b) = (q.k_major(self.wg_m0, ks), k.k_major(0, ks));
             E::wgmma_n128_ss(s.tiles_mut::<16>(0, 0), a, b, ks > 0);
         }
         ptx::wgmma_commit_group();
     }
 
-    /// Issues and commits `O += P·V` of the stage of tile `i`, P from registers, 64 columns of
-    /// O per product.
+    /// Issues and commits `O += P·V` of loop tile `i`, P from registers, 64 columns of O per
+    /// product.
     #[inline(always)]
     unsafe fn issue_pv<const NT: usize, const DT: usize>(
         &self,
@@ -249,7 +473,7 @@ impl<
         p: &PackedTile<1, NT>,
         i: u32,
     ) {
-        let v = self.stage(i).1;
+        let v = self.layout.stage(ring::<STAGES>(i).0).1;
         for kk in 0..BN / 16 {
             let a = p.a_fragment::<E>(0, kk);
             for cb in 0..D / BLOCK_COLS {

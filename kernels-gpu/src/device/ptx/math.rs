@@ -113,3 +113,22 @@ pub unsafe fn cvt_f32_f16(h: u16) -> f32 {
     asm!("cvt.f32.f16 {y}, {h};", y = out(reg32) y, h = in(reg16) h, options(pure, nomem, nostack));
     y
 }
+
+/// `shfl.sync.idx.b32` of a `u32`: lane `src_lane`'s `x`. Besides moving data, this tells
+/// ptxas the result is the same in every lane: a branch on the warp index read through it
+/// (`x = tid / 32`, `src_lane = 0`) is known warp-uniform, which `wgmma` after it needs.
+///
+/// # Safety
+/// All 32 lanes execute it together.
+#[inline(always)]
+pub unsafe fn shfl_sync_idx_u32(x: u32, src_lane: u32) -> u32 {
+    let y: u32;
+    asm!(
+        "shfl.sync.idx.b32 {y}, {x}, {l}, 0x1f, 0xffffffff;",
+        y = out(reg32) y,
+        x = in(reg32) x,
+        l = in(reg32) src_lane,
+        options(nostack)
+    );
+    y
+}

@@ -7,10 +7,16 @@ mod bulk;
 mod cp_async;
 mod ldmatrix;
 mod math;
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90 code
+mod mbarrier;
 mod mma;
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code
+mod regs;
 mod shared;
 mod smem;
 mod sync;
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90 code
+mod tma;
 #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code
 mod wgmma;
 
@@ -19,9 +25,15 @@ pub use bulk::*;
 pub use cp_async::*;
 pub use ldmatrix::*;
 pub use math::*;
+#[allow(unused_imports)]
+pub use mbarrier::*;
 pub use mma::*;
+#[allow(unused_imports)]
+pub use regs::*;
 pub use shared::*;
 pub use smem::*;
 pub use sync::*;
+#[allow(unused_imports)]
+pub use tma::*;
 #[allow(unused_imports)]
 pub use wgmma::*;

@@ -104,3 +104,25 @@ pub unsafe fn vote_any_sync(pred: bool) -> bool {
     );
     r != 0
 }
+
+/// `bar.sync id, threads`: a barrier for the `threads` threads (a multiple of 32) that name
+/// barrier `id` (1..=15; 0 is [`bar_sync`]'s), e.g. one warpgroup's 128.
+///
+/// # Safety
+/// Exactly `threads` threads, in whole warps, reach it with the same `id`, at the same
+/// instruction (call it where the warps' control flow does not diverge).
+#[inline(always)]
+pub unsafe fn bar_sync_named(id: u32, threads: u32) {
+    asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack));
+}
+
+/// `bar.arrive id, threads`: counts the calling warps as arrived at named barrier `id`
+/// without waiting; the barrier completes when `threads` threads arrived or synced there (the
+/// other side of a producer/consumer handshake whose waiters use [`bar_sync_named`]).
+///
+/// # Safety
+/// As [`bar_sync_named`].
+#[inline(always)]
+pub unsafe fn bar_arrive_named(id: u32, threads: u32) {
+    asm!("bar.arrive {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack));
+}
