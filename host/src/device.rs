@@ -6,6 +6,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
 use flash_attn_kernels::arch::Arch;
+use flash_attn_kernels::params::SCHEDULE_PINGPONG;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,8 @@ pub struct Device {
     force_ptx: bool,
     /// Which kernels the forward takes on Hopper ([`ForwardPath`] as a `u8`).
     forward_path: AtomicU8,
+    /// The `wgmma` kernels' schedule (`FLASH_ATTN_WGMMA_PINGPONG`, read once).
+    wgmma_schedule: u32,
     max_smem_optin: usize,
     sm_count: usize,
     loaded: Mutex<HashMap<&'static str, Loaded>>,
@@ -33,9 +36,9 @@ pub struct Device {
 /// the `mma.sync` kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ForwardPath {
-    /// The `wgmma` kernels for calls long enough for them to be faster (at least 1,024 keys,
-    /// 2,048 with a causal mask or a window), where the registry has one for the head dim and
-    /// mask; else `mma.sync`. The default.
+    /// The `wgmma` kernels for calls long enough for them to be faster (at d ≤ 128 at least
+    /// 1,024 keys, 2,048 or 4,096 with a causal mask or a window; at d > 128 512), where the
+    /// registry has one for the head dim and mask; else `mma.sync`. The default.
     Auto = 0,
     /// The `wgmma` kernels wherever the registry has one, whatever the length (tests).
     Wgmma = 1,
@@ -64,7 +67,8 @@ impl Device {
     /// Opens device `ordinal` (primary context) and creates a stream; loads no kernel yet.
     /// `FLASH_ATTN_PTX=sm80` forces the sm_80 kernels on newer devices and
     /// `FLASH_ATTN_JIT=1` the PTX (JIT) path instead of the embedded SASS, and
-    /// `FLASH_ATTN_FWD=mma` or `=wgmma` one forward path on Hopper (see [`ForwardPath`]), for
+    /// `FLASH_ATTN_FWD=mma` or `=wgmma` one forward path on Hopper (see [`ForwardPath`]), and
+    /// `FLASH_ATTN_WGMMA_PINGPONG=0` the `wgmma` kernels' schedule without turns, for
     /// testing. Fails
     /// with [`FlashError::NoDevice`] when there is no driver or no such device, and with
     /// [`FlashError::UnsupportedDevice`] below compute capability 8.0.
@@ -89,6 +93,10 @@ impl Device {
             Ok("wgmma") => ForwardPath::Wgmma,
             _ => ForwardPath::Auto,
         };
+        let wgmma_schedule = match std::env::var("FLASH_ATTN_WGMMA_PINGPONG").as_deref() {
+            Ok("0") => 0,
+            _ => SCHEDULE_PINGPONG,
+        };
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
@@ -110,6 +118,7 @@ impl Device {
             arch,
             force_ptx,
             forward_path: AtomicU8::new(forward_path as u8),
+            wgmma_schedule,
             max_smem_optin,
             sm_count,
             loaded: Mutex::new(HashMap::new()),
@@ -146,6 +155,13 @@ impl Device {
     /// comparisons and tests). Other GPUs have only the `mma.sync` kernels and ignore it.
     pub fn set_forward_path(&self, path: ForwardPath) {
         self.forward_path.store(path as u8, Ordering::Relaxed);
+    }
+
+    /// How the Hopper kernels' two consumer warpgroups issue their products: taking turns
+    /// ([`SCHEDULE_PINGPONG`], the default), or as they come with
+    /// `FLASH_ATTN_WGMMA_PINGPONG=0` (a diagnostic switch for benchmarks; both are exact).
+    pub(crate) fn wgmma_schedule(&self) -> u32 {
+        self.wgmma_schedule
     }
 
     /// Whether a forward call takes Hopper's `wgmma` kernels (where the registry has one for

@@ -306,7 +306,10 @@ pub(crate) use with_cpu_mask;
 
 /// How the CPU backend turns a raw score `s = q·k` into the base-2 logit of its softmax, as
 /// the kernels do: the mask's [`AttnMask::score`] times `log2 e` for masks that modify scores,
-/// else `s·scale·log2 e`.
+/// else `s·scale·log2 e`; except that a softcap's `tanh` is taken in f64 on the host
+/// ([`CpuScores::capped`]), not by the kernels' `flash_attn_kernels::math::tanh`. The logits
+/// are f64, so that the forward and the backward subtract their running maximum or LSE before
+/// anything is rounded (at ±100 in base 2, an f32 logit is already off by 4e-6).
 #[derive(Clone, Copy)]
 pub(crate) struct CpuScores<'m, M> {
     /// The mask of the sequence.
@@ -315,29 +318,120 @@ pub(crate) struct CpuScores<'m, M> {
     pub slope: f32,
     /// `scale·log2 e`.
     pub scale_log2: f32,
+    /// The logit softcap ([`AttnParams::softcap`]); `Some` exactly when the mask is
+    /// [`AttnMask::capped`].
+    pub softcap: Option<f32>,
 }
 
 impl<M: AttnMask> CpuScores<'_, M> {
-    /// The base-2 logit of raw score `s` at (`row`, `key`).
-    pub fn logit2(&self, row: usize, key: usize, s: f32) -> f32 {
-        if self.mask.modifies_scores() {
-            self.mask.score(row as u32, key as u32, s, self.slope) * std::f32::consts::LOG2_E
-        } else {
-            s * self.scale_log2
+    /// The base-2 logit of raw score `s` at (`row`, `key`), in f64: `s·scale_log2` exactly
+    /// (the product of two f32), the mask's f32 score times `log2 e`, or the capped logit of
+    /// [`CpuScores::capped`] times `log2 e`.
+    pub fn logit2(&self, row: usize, key: usize, s: f32) -> f64 {
+        self.logit2_and_grad(row, key, s).0
+    }
+
+    /// [`CpuScores::logit2`] and the derivative of the score modifier (1 for masks that do
+    /// not modify scores: the softmax scale is applied to dQ and dK at the end, see
+    /// [`AttnParams::kernel_grad_scale`]).
+    pub fn logit2_and_grad(&self, row: usize, key: usize, s: f32) -> (f64, f32) {
+        match self.softcap {
+            Some(cap) => {
+                let (logit, grad) = self.capped(row, key, s, cap);
+                (logit * std::f64::consts::LOG2_E, grad)
+            }
+            None if self.mask.modifies_scores() => {
+                let (x, g) = self
+                    .mask
+                    .score_and_grad(row as u32, key as u32, s, self.slope);
+                (f64::from(x) * std::f64::consts::LOG2_E, g)
+            }
+            None => (f64::from(s) * f64::from(self.scale_log2), 1.0),
         }
     }
 
-    /// The base-2 logit of `s` in f64 (the backward subtracts the LSE from it there) and the
-    /// derivative of the score modifier (1 for masks that do not modify scores: the softmax
-    /// scale is applied to dQ and dK at the end, see [`AttnParams::kernel_grad_scale`]).
-    pub fn logit2_and_grad(&self, row: usize, key: usize, s: f32) -> (f64, f32) {
-        if self.mask.modifies_scores() {
-            let (x, g) = self
-                .mask
-                .score_and_grad(row as u32, key as u32, s, self.slope);
-            (f64::from(x) * std::f64::consts::LOG2_E, g)
-        } else {
-            (f64::from(s) * f64::from(self.scale_log2), 1.0)
+    /// The logit `cap·tanh(x / cap) − slope·|i + Nk − Nq − j|` of raw score `s` under a softcap
+    /// (the mask is a capped [`flash_attn_kernels::mask::ScoredMask`]), in f64, and its
+    /// derivative `scale·(1 − tanh²)`. The scaled score `x = scale·s` and the ALiBi term are
+    /// the mask's own f32 values (its score without the cap: `x − slope·distance`, taken with
+    /// slope 0 and with `s = 0`); the `tanh` and the sum are f64.
+    ///
+    /// Not the kernels' `tanh(y) = 1 − 2/(e^{2y} + 1)`: its error is a few ulp of 1 whatever
+    /// `y`, so for `|y| ≪ 1` (the scores of a large cap) it loses the bits that `1 − ⋯` cancels,
+    /// and the cap multiplies what is left into an absolute logit error of about
+    /// `cap·2⁻²³`: 6e-6 at cap 50 on logits of ±3, where the f32 naive attention errs by 4e-7
+    /// (and the f32 logit rounded once by 1e-7). That is below the f16/bf16 resolution the GPU
+    /// computes in, but in f32 it gave O errors of 20 to 70 times the naive one (1e-5 and more
+    /// with the `1/(1 − p)` of dropout).
+    fn capped(&self, row: usize, key: usize, s: f32, cap: f32) -> (f64, f32) {
+        debug_assert!(self.mask.capped(), "a softcap without a capped mask");
+        let (row, key) = (row as u32, key as u32);
+        let (x, scale) = self.mask.score_and_grad_as::<false>(row, key, s, 0.0);
+        let alibi = self.mask.score_as::<false>(row, key, 0.0, self.slope);
+        let t = (f64::from(x) / f64::from(cap)).tanh();
+        let logit = f64::from(cap) * t + f64::from(alibi);
+        (logit, scale * (1.0 - t * t) as f32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flash_attn_kernels::mask::ScoredMask;
+
+    /// With a softcap, the CPU's logits are `cap·tanh(scale·s / cap) − slope·|i + Nk − Nq − j|`
+    /// (times `log2 e`) within the f32 roundings of `scale·s` and of the ALiBi term (half an
+    /// ulp each, times at most `log2 e`): for small `scale·s / cap` too, where the kernels'
+    /// `tanh` errs by a few ulp of 1 (at cap 50, 6e-6 on logits of ±3, 30 times this bound).
+    /// The backward's derivative is `scale·(1 − tanh²)` to a few ulp.
+    #[test]
+    fn softcapped_logits_are_accurate_for_small_scores() {
+        let shape = AttnShape {
+            batch: 1,
+            seqlen_q: 5,
+            seqlen_k: 9,
+            heads_q: 1,
+            heads_kv: 1,
+            head_dim: 3,
+        };
+        let slopes = [0.25f32];
+        for (cap, scale, alibi) in [
+            (50.0f32, -0.5f32, false),
+            (50.0, 0.3, true),
+            (2.0, 0.3, false),
+        ] {
+            let params = AttnParams {
+                softmax_scale: Some(scale),
+                softcap: Some(cap),
+                alibi_slopes: alibi.then_some(&slopes[..]),
+                ..AttnParams::default()
+            };
+            let mask: ScoredMask = cpu_mask(&params, &shape, (0, 0)).unwrap();
+            let slope = params.slope(0, 0, 1);
+            let scores = CpuScores {
+                mask: &mask,
+                slope,
+                scale_log2: params.scale_log2(3).unwrap(),
+                softcap: params.softcap,
+            };
+            let (cap, scale) = (f64::from(cap), f64::from(scale));
+            for step in -400i32..=400 {
+                let s = step as f32 * 0.01;
+                let (row, key) = (step.unsigned_abs() as usize % 5, 7);
+                let x = scale * f64::from(s);
+                let t = (x / cap).tanh();
+                let ramp = f64::from(slope) * (row as f64 + 4.0 - key as f64).abs();
+                let exact = (cap * t - ramp) * std::f64::consts::LOG2_E;
+                let ulp = f64::from(f32::EPSILON);
+                let tol = ulp * (x.abs() + ramp) + 1e-12 * exact.abs();
+                let (got, grad) = scores.logit2_and_grad(row, key, s);
+                assert!(
+                    (got - exact).abs() <= tol,
+                    "cap {cap}, s {s}: {got} vs {exact}"
+                );
+                let want = scale * (1.0 - t * t);
+                assert!((f64::from(grad) - want).abs() <= 4.0 * ulp * scale.abs());
+            }
         }
     }
 }

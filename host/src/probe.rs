@@ -20,10 +20,20 @@ const K: usize = 64;
 /// Rows of B and V, columns of P and S.
 const N: usize = 128;
 
-/// Runs the `wgmma` layout probe on `dev` (compute capability 9.0 only): returns `S = A·Bᵀ`
-/// (`[64][128]`, f32, row-major) computed by `wgmma.m64n128k16` with both operands in shared
-/// memory, and `O = P·V` (`[64][64]`) by `wgmma.m64n64k16` with P in registers and V
-/// transposed, where A is `[64][64]`, B `[128][64]`, P `[64][128]` and V `[128][64]`
+/// What the `wgmma` layout probe computed (f32, row-major).
+#[derive(Clone, Debug)]
+pub struct WgmmaProbe {
+    /// `S = A·Bᵀ`, `[64][128]`, by `wgmma.m64n128k16` with both operands in shared memory.
+    pub s: Vec<f32>,
+    /// S's first 64 columns, `[64][64]`, by `wgmma.m64n64k16` with both operands in shared
+    /// memory.
+    pub s_n64: Vec<f32>,
+    /// `O = P·V`, `[64][64]`, by `wgmma.m64n64k16` with P in registers and V transposed.
+    pub o: Vec<f32>,
+}
+
+/// Runs the `wgmma` layout probe on `dev` (compute capability 9.0 only): see [`WgmmaProbe`],
+/// where A is `[64][64]`, B `[128][64]`, P `[64][128]` and V `[128][64]`
 /// (row-major, f16 or bf16). Each accumulator element is written where the kernels' fragment
 /// layout places it, so a layout error shows as wrong elements. Errors:
 /// [`FlashError::UnsupportedDevice`] elsewhere than on sm_90a, [`FlashError::Shape`] for other
@@ -34,7 +44,7 @@ pub fn wgmma_layout_probe<T: Element>(
     b: &[T],
     p: &[T],
     v: &[T],
-) -> Result<(Vec<f32>, Vec<f32>)> {
+) -> Result<WgmmaProbe> {
     if dev.arch() != Arch::Sm90a {
         let (major, minor) = dev.compute_capability();
         return Err(FlashError::UnsupportedDevice { major, minor });
@@ -60,6 +70,7 @@ pub fn wgmma_layout_probe<T: Element>(
     let (a, b, p, v) = (up(a)?, up(b)?, up(p)?, up(v)?);
     let s = DeviceTensor::<f32>::zeros(dev, &[M * N])?;
     let o = DeviceTensor::<f32>::zeros(dev, &[M * K])?;
+    let s64 = DeviceTensor::<f32>::zeros(dev, &[M * K])?;
     let params = ProbeParams {
         a: a.device_address(dev),
         b: b.device_address(dev),
@@ -67,6 +78,7 @@ pub fn wgmma_layout_probe<T: Element>(
         v: v.device_address(dev),
         s: s.device_address(dev),
         o: o.device_address(dev),
+        s64: s64.device_address(dev),
     };
     // SAFETY: every buffer is live and of the size the kernel reads or writes; one block of
     // the probe's threads and shared memory.
@@ -80,5 +92,9 @@ pub fn wgmma_layout_probe<T: Element>(
             params,
         )?
     };
-    Ok((s.to_host(dev)?, o.to_host(dev)?))
+    Ok(WgmmaProbe {
+        s: s.to_host(dev)?,
+        s_n64: s64.to_host(dev)?,
+        o: o.to_host(dev)?,
+    })
 }

@@ -72,6 +72,15 @@ impl Arch {
         }
     }
 
+    /// Opt-in dynamic shared memory per block on every device this target's kernels run on:
+    /// 99 KiB for sm_80 code (sm_86 and sm_89 have no more), 227 KiB on Hopper.
+    pub const fn max_dyn_smem(self) -> usize {
+        match self {
+            Arch::Sm80 => 99 * 1024,
+            Arch::Sm90a => 227 * 1024,
+        }
+    }
+
     /// Whether the target has vector f32 reductions (`red.global.add.v2.f32`: sm_90, PTX 8.1).
     pub const fn has_vector_red(self) -> bool {
         matches!(self, Arch::Sm90a)

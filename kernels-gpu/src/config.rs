@@ -33,16 +33,17 @@ pub struct FwdTile {
     /// memory at every step, which saves registers for large head dims).
     pub q_in_regs: bool,
     /// (K, V) tile pairs in the shared-memory ring: 2 (double buffer) for the `mma.sync`
-    /// kernels, 3 for the `wgmma` ones (which read two tiles' K and V at once).
+    /// kernels, 3 for the `wgmma` ones (which read two tiles' K and V at once), 2 where 3
+    /// do not fit.
     pub kv_stages: usize,
     /// Warps that only load tiles (Hopper's warp-specialised kernels: one warpgroup), beside
     /// the `warps` that compute; their `mbarrier`s follow the tiles in shared memory.
     pub producer_warps: usize,
 }
 
-/// Bytes of `mbarrier`s after the tiles of a kernel with producer warps: Q's, then K's, V's
-/// and the free signal of each stage of a ring of up to 4 (8 bytes each).
-pub const TMA_BARRIER_BYTES: usize = 8 * (1 + 3 * 4);
+/// Bytes of `mbarrier`s after the tiles of a kernel with producer warps: Q's, then K's and
+/// V's arrival and free signals of each stage of a ring of up to 3 (8 bytes each).
+pub const TMA_BARRIER_BYTES: usize = 8 * (1 + 4 * 3);
 
 impl FwdTile {
     /// The tile for `head_dim` from the registry's `(warps, m_tiles, block_n, q_in_regs)`.

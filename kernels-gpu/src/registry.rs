@@ -111,27 +111,32 @@ const PLAIN: bool = false;
 const DROPOUT: bool = true;
 
 /// The row of `rows` that runs a caller's `head_dim` under `mask`, with or without `dropout`:
-/// the smallest compiled head dim ≥ it; `None` for 0 and above the largest.
+/// the one of that kind at the smallest head dim ≥ `head_dim` that `rows` compile at all
+/// (whatever the kind), so a kind missing at that head dim is `None` rather than a larger
+/// kernel; `None` for 0 and above the largest.
 pub const fn kernel_for<T: Copy>(
     rows: &'static [KernelRow<T>],
     head_dim: usize,
     mask: MaskKind,
     dropout: bool,
 ) -> Option<&'static KernelRow<T>> {
-    let mut best: Option<&'static KernelRow<T>> = None;
+    let mut padded = usize::MAX;
     let mut i = 0;
     while i < rows.len() {
-        let k = &rows[i];
-        let kind = k.mask as u8 == mask as u8 && k.dropout == dropout;
-        if head_dim > 0 && head_dim <= k.head_dim && kind {
-            best = match best {
-                Some(b) if b.head_dim <= k.head_dim => Some(b),
-                _ => Some(k),
-            };
+        if head_dim > 0 && head_dim <= rows[i].head_dim && rows[i].head_dim < padded {
+            padded = rows[i].head_dim;
         }
         i += 1;
     }
-    best
+    let mut i = 0;
+    while i < rows.len() {
+        let k = &rows[i];
+        if k.head_dim == padded && k.mask as u8 == mask as u8 && k.dropout == dropout {
+            return Some(k);
+        }
+        i += 1;
+    }
+    None
 }
 
 /// The forward kernel for a caller's `head_dim` under `mask`, with or without `dropout` (see
@@ -679,11 +684,16 @@ const fn wgmma_info(name: &'static str, tile: FwdTile) -> KernelInfo {
 }
 
 /// The tile of a `wgmma` forward kernel: 2 consumer warpgroups of 64 query rows, a producer
-/// warpgroup, `block_n` keys, a ring of 3 (K, V) stages.
+/// warpgroup, `block_n` keys, a ring of 3 (K, V) stages, or 2 where 3 do not fit Hopper's
+/// shared memory (d = 256).
 pub const fn wgmma_tile(head_dim: usize, block_n: usize) -> FwdTile {
-    FwdTile::new(head_dim, (8, 1, block_n, false))
-        .with_kv_stages(3)
-        .with_producer_warps(4)
+    let tile = FwdTile::new(head_dim, (8, 1, block_n, false)).with_producer_warps(4);
+    let three = tile.with_kv_stages(3);
+    if three.smem_bytes() <= Arch::Sm90a.max_dyn_smem() {
+        three
+    } else {
+        tile.with_kv_stages(2)
+    }
 }
 
 const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInfo {
@@ -748,11 +758,14 @@ registry! {
     }
     // Hopper's forward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, keys per
     // tile (the query tile is 128 rows: two consumer warpgroups of 64, plus a producer
-    // warpgroup). Every mask kind, with and without dropout, at d = 64 and 128, except: the
-    // general mask with dropout at d = 128 (it spills: 32 B of stack, 100 B of spills at 240
-    // registers), whose calls take `mma.sync`; and the plain mask without dropout, whose
-    // calls run on the general kernel (`fwd_wgmma_kernel`): built, the plain kernel ran
-    // 5–13 % slower than the general one on the same plain calls (H100, docs/perf-notes.md).
+    // warpgroup; `wgmma_tile` sizes the ring). Every mask kind, with and without dropout, at
+    // d = 64 and 128, except: the general mask with dropout at d = 128 (it spills: 32 B of
+    // stack, 100 B of spills at 240 registers), whose calls take `mma.sync`; and the plain
+    // mask without dropout, whose calls run on the general kernel (`fwd_wgmma_kernel`):
+    // built, the plain kernel ran 5–13 % slower than the general one on the same plain calls
+    // (H100, docs/perf-notes.md). At d = 256 (64-key tiles) every mask kind without dropout
+    // and the general mask with it (plain calls with dropout run there too); the plain,
+    // block-sparse and tree kinds with dropout spilled 12–20 B and take `mma.sync`.
     // Which calls take them is the host's dispatch (`wgmma_pays`).
     fwd_wgmma {
         64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128;
@@ -768,6 +781,10 @@ registry! {
         128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128;
         128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128;
         128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128;
+        256 Masked PLAIN [flash_fwd_wgmma_masked_f16_d256, flash_fwd_wgmma_masked_bf16_d256] 64;
+        256 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d256, flash_fwd_wgmma_sparse_bf16_d256] 64;
+        256 Tree PLAIN [flash_fwd_wgmma_tree_f16_d256, flash_fwd_wgmma_tree_bf16_d256] 64;
+        256 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d256, flash_fwd_wgmma_masked_dropout_bf16_d256] 64;
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).
@@ -873,7 +890,7 @@ mod tests {
                 assert_eq!(k.head_dim % 16, 0);
                 // fits the smallest opt-in shared memory of the targets (sm_86/sm_89: 99 KiB)
                 assert!(
-                    t.smem_bytes() <= 99 * 1024,
+                    t.smem_bytes() <= Arch::Sm80.max_dyn_smem(),
                     "d={}: {}",
                     k.head_dim,
                     t.smem_bytes()
@@ -882,9 +899,9 @@ mod tests {
         }
     }
 
-    /// Opt-in shared memory per block, in `ARCHS` order: sm_86/sm_89 (the sm_80 code runs
-    /// there) 99 KiB, sm_90 227 KiB.
-    const SMEM_LIMITS: [usize; ARCH_COUNT] = [99 * 1024, 227 * 1024];
+    /// Opt-in shared memory per block, in `ARCHS` order ([`Arch::max_dyn_smem`]).
+    const SMEM_LIMITS: [usize; ARCH_COUNT] =
+        [Arch::Sm80.max_dyn_smem(), Arch::Sm90a.max_dyn_smem()];
 
     /// Every tile of `rows` is valid, has its row's head dim and fits the target's shared
     /// memory; the tile's `(head_dim, is_valid, smem_bytes)` come from `shape`.
@@ -980,17 +997,19 @@ mod tests {
         }
     }
 
-    /// Every `wgmma` row: 128 × 128 tiles of two consumer warpgroups and a producer one (whose
-    /// PTX declares its block size for `setmaxnreg`) in a 3-stage ring that fits
-    /// Hopper's 227 KiB, named `flash_fwd_wgmma_{kind}{dtype}_d{d}`, with an `mma.sync` row of
-    /// the same head dim, mask and dropout to fall back on; built for sm_90a alone.
+    /// Every `wgmma` row: 128-row tiles of two consumer warpgroups and a producer one (whose
+    /// PTX declares its block size for `setmaxnreg`), 128 keys in a 3-stage ring (64 keys in
+    /// 2 stages at d = 256) that fits Hopper's 227 KiB, named
+    /// `flash_fwd_wgmma_{kind}{dtype}_d{d}`, with an `mma.sync` row of the same head dim, mask
+    /// and dropout to fall back on; built for sm_90a alone.
     #[test]
     fn every_wgmma_row_fits_hopper_and_has_an_mma_twin() {
         for k in FWD_WGMMA_KERNELS {
             let t = k.tile(Arch::Sm90a);
+            let ring = if k.head_dim == 256 { (64, 2) } else { (128, 3) };
             assert_eq!(
                 (t.block_m, t.block_n, t.threads(), t.kv_stages),
-                (128, 128, 384, 3)
+                (128, ring.0, 384, ring.1)
             );
             assert!(ALL_KERNELS
                 .iter()
@@ -1016,21 +1035,26 @@ mod tests {
     }
 
     #[test]
-    fn wgmma_kernels_cover_every_mask_at_64_and_128_but_one_and_plain_runs_on_general() {
+    fn wgmma_kernels_cover_every_mask_at_64_128_and_256_but_one_and_plain_runs_on_general() {
         let kinds = [
             MaskKind::Causal,
             MaskKind::Masked,
             MaskKind::Sparse,
             MaskKind::Tree,
         ];
-        for d in [64, 128] {
+        for d in [64, 128, 256] {
             for mask in kinds {
                 for dropout in [false, true] {
                     let k = fwd_wgmma_kernel(d, mask, dropout);
-                    let spills = d == 128 && mask == MaskKind::Masked && dropout;
+                    let spills = match d {
+                        128 => mask == MaskKind::Masked && dropout,
+                        256 => matches!(mask, MaskKind::Sparse | MaskKind::Tree) && dropout,
+                        _ => false,
+                    };
                     assert_eq!(k.is_none(), spills, "{d} {mask:?} {dropout}");
-                    // Plain calls without dropout run on the general kernel (faster).
-                    let general = mask == MaskKind::Causal && !dropout;
+                    // Plain calls without dropout run on the general kernel (faster), and so
+                    // do those with dropout at d = 256 (the plain kernel spills there).
+                    let general = mask == MaskKind::Causal && (!dropout || d == 256);
                     let kind = if general { MaskKind::Masked } else { mask };
                     if let Some(k) = k {
                         assert_eq!((k.head_dim, k.mask, k.dropout), (d, kind, dropout));
@@ -1038,15 +1062,10 @@ mod tests {
                 }
             }
         }
-        // d = 65..=96 rounds up to 128 here but to 96 on mma.sync; the host keeps those on
-        // mma.sync (same head dim only), as it does d = 256.
-        assert_eq!(
-            fwd_wgmma_kernel(80, MaskKind::Causal, false)
-                .unwrap()
-                .head_dim,
-            128
-        );
-        assert!(fwd_wgmma_kernel(200, MaskKind::Causal, false).is_none());
+        // Head dims between the compiled ones round up: d = 65..=96 to 128 (96 on mma.sync),
+        // d = 129..=255 to 256.
+        let d = |x| fwd_wgmma_kernel(x, MaskKind::Causal, false).map(|k| k.head_dim);
+        assert_eq!((d(80), d(200), d(257)), (Some(128), Some(256), None));
     }
 
     #[test]

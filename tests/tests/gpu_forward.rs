@@ -89,13 +89,16 @@ fn case_strategy() -> impl Strategy<Value = ForwardCase> {
     cases_with(shape_strategy())
 }
 
-/// [`case_strategy`] at the head dims of Hopper's `wgmma` forward kernels (33..=64 and
-/// 97..=128) and up to 9 key tiles of 128 (the kernel's 3-stage ring wraps from the fourth,
-/// and its barriers' phase parity flips back from the seventh): with `FLASH_ATTN_FWD=wgmma`
-/// every case runs on them (elsewhere on the `mma.sync` d = 64 and 128 ones).
+/// [`case_strategy`] at the head dims of Hopper's `wgmma` forward kernels (33..=64,
+/// 65..=128 and 129..=256) and up to 9 key tiles of 128 (17 of 64 at d = 256: the 3-stage
+/// ring wraps from the fourth tile, the 2-stage one from the third, and the barriers' phase
+/// parity flips back from the seventh and the fifth): with `FLASH_ATTN_FWD=wgmma` every case
+/// runs on them (elsewhere on the `mma.sync` kernels).
 fn wgmma_case_strategy() -> impl Strategy<Value = ForwardCase> {
     cases_with(shapes_with(
-        vec![33usize, 40, 57, 64, 97, 100, 104, 112, 120, 128],
+        vec![
+            33usize, 40, 57, 64, 72, 96, 97, 104, 120, 128, 136, 160, 200, 248, 256,
+        ],
         vec![1usize, 65, 128, 129, 257, 300, 385, 513, 640, 1025],
     ))
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs flash-attn's tests or benchmark on a GPU machine that has the NVIDIA driver but no Rust.
 # Built by `cargo xtask bundle`. Usage:
-#   bash bundle/run.sh test    # every test binary (the forward's twice more on Hopper, once per
-#                              # forward path); a missing GPU is a failure here
+#   bash bundle/run.sh test    # every test binary (those that run the forward twice more on
+#                              # Hopper, once per forward path); a missing GPU is a failure here
 #   bash bundle/run.sh bench   # our forward benchmark, then PyTorch SDPA on the same shapes
 #   bash bundle/run.sh masks   # the mask family and varlen, then FlexAttention and SDPA
 #   bash bundle/run.sh dropout # attention dropout at p = 0.1 and 0, then SDPA with dropout
@@ -22,14 +22,19 @@ case "$what" in
       "$t" --test-threads=4 "$@" 2>&1 | tee -a "$out/test.log" || status=1
     done
     # On Hopper the forward has two paths (wgmma and mma.sync; the default picks by length):
-    # the forward suite again with each forced, and the wgmma one again without ping-pong.
+    # every suite that runs the forward again with each forced, and the forward suite once
+    # more on wgmma without ping-pong.
     if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
-      for run in "wgmma 1" "mma 1" "wgmma 0"; do
-        read -r path pingpong <<< "$run"
-        echo "=== gpu_forward with FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong"
-        FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong \
-          "$here"/tests/gpu_forward-test --test-threads=4 "$@" 2>&1 \
-          | tee -a "$out/test.log" || status=1
+      for run in "wgmma 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
+                 "mma 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
+                 "wgmma 0 gpu_forward"; do
+        read -r path pingpong suites <<< "$run"
+        for suite in $suites; do
+          echo "=== $suite with FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong"
+          FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong \
+            "$here/tests/$suite-test" --test-threads=4 "$@" 2>&1 \
+            | tee -a "$out/test.log" || status=1
+        done
       done
     fi
     [ $status -eq 0 ] && echo "ALL TEST BINARIES PASSED" || echo "SOME TEST BINARY FAILED"

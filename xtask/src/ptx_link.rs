@@ -111,7 +111,7 @@ pub fn run(args: Vec<String>) -> Result<(), String> {
         if let Some(threads) = maxntid(name, &cpu) {
             let text =
                 std::fs::read_to_string(&ptx).map_err(|e| format!("{}: {e}", ptx.display()))?;
-            let text = with_maxntid(&text, name, threads)?;
+            let text = with_launch_bounds(&text, name, threads)?;
             std::fs::write(&ptx, text).map_err(|e| format!("{}: {e}", ptx.display()))?;
         }
         std::fs::remove_file(&bc).map_err(|e| e.to_string())
@@ -140,9 +140,19 @@ fn maxntid(name: &str, cpu: &str) -> Option<usize> {
     Some(k.threads[arch.index()])
 }
 
-/// `ptx` with `.maxntid threads, 1, 1` between the parameter list of entry `name` and its
-/// body (where PTX puts performance-tuning directives).
-fn with_maxntid(ptx: &str, name: &str, threads: usize) -> Result<String, String> {
+/// Registers per thread at launch for a block of `threads` (alone on the SM): the 64 K
+/// register file divided among them, at most 255, in the allocation unit of 8.
+fn launch_registers(threads: usize) -> usize {
+    (65536 / threads).min(255) / 8 * 8
+}
+
+/// `ptx` with `.maxntid threads, 1, 1` and `.maxnreg` [`launch_registers`] between the
+/// parameter list of entry `name` and its body (where PTX puts performance-tuning
+/// directives). `setmaxnreg` moves registers from that count at launch: from `.maxntid`
+/// alone ptxas derived it for the d <= 128 kernels but not for the d = 256 ones ("unable to
+/// determine register count at entry", C7508, whereupon it ignores `setmaxnreg`); stated,
+/// it holds for all.
+fn with_launch_bounds(ptx: &str, name: &str, threads: usize) -> Result<String, String> {
     let entry = format!(".entry {name}(");
     let start = ptx
         .find(&entry)
@@ -152,8 +162,9 @@ fn with_maxntid(ptx: &str, name: &str, threads: usize) -> Result<String, String>
         .ok_or_else(|| format!("{name}: its parameter list does not end"))?
         + start
         + 2;
+    let regs = launch_registers(threads);
     Ok(format!(
-        "{}\n.maxntid {threads}, 1, 1{}",
+        "{}\n.maxntid {threads}, 1, 1\n.maxnreg {regs}{}",
         &ptx[..close],
         &ptx[close..]
     ))
@@ -164,14 +175,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn maxntid_goes_between_the_parameters_and_the_body() {
+    fn launch_bounds_go_between_the_parameters_and_the_body() {
         let ptx = ".visible .entry k(\n\t.param .align 8 .b8 k_param_0[16]\n)\n{\n\tret;\n}\n";
-        let out = with_maxntid(ptx, "k", 384).unwrap();
+        let out = with_launch_bounds(ptx, "k", 384).unwrap();
         assert_eq!(
             out,
-            ".visible .entry k(\n\t.param .align 8 .b8 k_param_0[16]\n)\n.maxntid 384, 1, 1\n{\n\tret;\n}\n"
+            ".visible .entry k(\n\t.param .align 8 .b8 k_param_0[16]\n)\n.maxntid 384, 1, 1\n.maxnreg 168\n{\n\tret;\n}\n"
         );
-        assert!(with_maxntid(ptx, "other", 384).is_err());
+        assert!(with_launch_bounds(ptx, "other", 384).is_err());
+        assert_eq!((launch_registers(128), launch_registers(512)), (248, 128));
     }
 
     #[test]

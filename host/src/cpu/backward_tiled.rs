@@ -6,7 +6,9 @@
 //! head; then key tiles of [`BLOCK_N`] keys are the outer loop and, for each query head of the
 //! group, the query tiles of [`BLOCK_M`] rows that visit the key tile are the inner one:
 //! `P = 2^(scale_log2·Q·Kᵀ − LSE·log2 e)` is recomputed from the forward's LSE,
-//! `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dK += dSᵀ·Q` and `dQ += dS·K`, all in f32.
+//! `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dK += dSᵀ·Q` and `dQ += dS·K`, all in f32
+//! (the dot products of the scores and of dP accumulated in f64 and rounded once, see
+//! [`dot`]).
 //! dK and dV of a key tile are complete (summed over the group's query heads, so GQA needs no
 //! atomics and the result does not depend on the thread count) when its inner loop ends; dQ
 //! lives in an f32 buffer of the job until every key tile has been visited. `scale` is applied
@@ -181,6 +183,7 @@ pub fn attention_backward_cpu_into<T: Element>(
             schedules: &schedules,
             scale,
             scale_log2,
+            softcap: params.softcap,
         };
         run_parallel(jobs, new_state, |job, tile| job.run(tile, &step))
     })
@@ -242,6 +245,8 @@ struct Step<'a, M> {
     scale: f32,
     /// `scale·log2 e`, applied to the scores as in the forward pass.
     scale_log2: f32,
+    /// The logit softcap, if any (see [`CpuScores`]).
+    softcap: Option<f32>,
 }
 
 /// One query head of a job: its inputs `[Nq, d]` (LSE `[Nq]`) and its dQ rows.
@@ -304,6 +309,7 @@ impl<T: Element> KvHeadJob<'_, T> {
                         mask,
                         slope: head.slope,
                         scale_log2: step.scale_log2,
+                        softcap: step.softcap,
                     };
                     tile.visit_queries(head, h, rows, &scores, needs_mask);
                 }
@@ -427,10 +433,10 @@ impl KeyTile {
     /// is never computed). With the head's dropout, `P ∘ Z/(1 − p)` goes into dV and
     /// `dP ∘ Z/(1 − p)` into dS (products: a NaN stays NaN).
     ///
-    /// The exponent `scale_log2·s − LSE·log2 e` is formed in f64: both terms are about as
-    /// large as the largest score (±100 in base 2 is common), where an f32 rounding is worth
-    /// 4e-6, three times what the forward's `s − max` loses; the difference is small and its
-    /// `exp2` runs in f32.
+    /// The exponent `scale_log2·s − LSE·log2 e` is formed in f64, as the forward forms
+    /// `logit − max`: both terms are about as large as the largest score (±100 in base 2 is
+    /// common), where an f32 rounding is worth 4e-6; the difference is small and its `exp2`
+    /// runs in f32.
     fn visit_queries<T: Element, M: AttnMask>(
         &mut self,
         head: &QueryHead<T>,

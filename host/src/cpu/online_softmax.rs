@@ -36,8 +36,12 @@ pub(crate) struct QueryTile {
     k: Vec<f32>,
     /// The current value tile, `keys × d`.
     v: Vec<f32>,
-    /// Scores of the current tile, `rows × block_n`, times `scale·log2 e`.
-    scores: Vec<f32>,
+    /// Base-2 logits of the current tile, `rows × block_n`, in f64 ([`CpuScores::logit2`]):
+    /// each exponent `logit − max` is rounded to f32 once, as the kernels' FFMA
+    /// `s·scale_log2 − max` rounds it, not the logit first at its own magnitude (an f32 logit
+    /// near 100 is off by up to 4e-6, about the whole error of the f32 naive attention there,
+    /// and dropout's `1/(1 − p)` triples what reaches O). The running maxima stay f32.
+    scores: Vec<f64>,
     /// Per row: whether it has seen at least one key the mask shows it.
     seen: Vec<bool>,
     /// Running row maxima of the visible scores (base 2), NaN-propagating; −∞ while a row's
@@ -137,14 +141,16 @@ impl QueryTile {
                     any_visible = true;
                     scores.logit2(row, key0 + c, dot(q_row, k_row))
                 } else {
-                    f32::NEG_INFINITY
+                    f64::NEG_INFINITY
                 };
             }
             if !any_visible {
                 continue;
             }
             self.seen[r] = true;
-            let tile_max = s.iter().copied().fold(f32::NEG_INFINITY, max_nan);
+            let tile_max = s
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| max_nan(m, x as f32));
             let new_max = max_nan(self.max[r], tile_max);
             // While every visible score is −∞, subtract 0 instead of −∞ (−∞ − −∞ is NaN): the
             // probabilities stay 0, and 0·V still carries a NaN of V, as in the reference.
@@ -162,7 +168,7 @@ impl QueryTile {
                 if !visible(c) {
                     continue;
                 }
-                let mut p = (s - shift).exp2();
+                let mut p = ((s - f64::from(shift)) as f32).exp2();
                 tile_sum += p;
                 if self.dropout.is_some() {
                     p *= f32::from(keep[c]);
@@ -228,9 +234,28 @@ pub(crate) fn load_rows<T: Element>(src: ArrayView2<T>, rows: Range<usize>, dst:
     }
 }
 
-/// Dot product with f32 accumulation, in index order.
+/// Dot product of f32 rows, accumulated in f64 and rounded to f32 once. The products of f32
+/// values are exact in f64 (as those of f16/bf16 values are in the tensor cores' f32), so a
+/// score is off by half an ulp, not by a rounding per product and per sum: with large queries
+/// and keys an f32 fold misses a score by up to a few ulp (3e-6 at 52 in a failing test
+/// case), which alone can exceed twice the f32 naive attention's error in O and, through the
+/// recomputed P, in the backward's gradients. Four partial sums (elements `i` with the same
+/// `i mod 4`) added in a fixed order: the result does not depend on the machine, and the loop
+/// vectorises (it is no slower than the sequential f32 fold was).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).fold(0.0, |s, (&x, &y)| s + x * y)
+    let (a4, b4) = (a.chunks_exact(4), b.chunks_exact(4));
+    let tail = a4
+        .remainder()
+        .iter()
+        .zip(b4.remainder())
+        .fold(0.0, |s, (&x, &y)| s + f64::from(x) * f64::from(y));
+    let mut part = [0.0f64; 4];
+    for (x, y) in a4.zip(b4) {
+        for i in 0..4 {
+            part[i] += f64::from(x[i]) * f64::from(y[i]);
+        }
+    }
+    ((part[0] + part[1]) + (part[2] + part[3]) + tail) as f32
 }
 
 /// A row or key index as the mask's `u32`; [`crate::shape::check_shapes`] bounds the sizes.

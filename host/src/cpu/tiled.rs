@@ -3,11 +3,11 @@
 //! For every (batch, query head), query tiles of [`BLOCK_M`] rows are visited in order; for
 //! each, the key tiles of [`BLOCK_N`] keys that the mask's [`AttnMask::key_tiles`] names are
 //! folded in with the online softmax (f32 accumulation, exponents in base 2 with
-//! `scale_log2 = scale·log2 e`, or the mask's modified scores times `log2 e`), masking element
-//! by element only in tiles where [`AttnMask::tile_needs_mask`] says so. The mask is the
-//! kernels' own type for the options ([`crate::AttnParams::mask_kind`]). The `Nq × Nk` score
-//! matrix is never materialised: one `BLOCK_M × BLOCK_N` tile at a time. The (batch, head)
-//! pairs are spread over threads. With attention dropout ([`AttnParams::dropout`]), each
+//! `scale_log2 = scale·log2 e`, or the mask's modified scores times `log2 e`, a softcap's
+//! `tanh` taken in f64: [`CpuScores`]), masking element by element only in tiles where
+//! [`AttnMask::tile_needs_mask`] says so. The mask is the kernels' own type for the options
+//! ([`crate::AttnParams::mask_kind`]). The `Nq × Nk` score matrix is never materialised: one
+//! `BLOCK_M × BLOCK_N` tile at a time. The (batch, head) pairs are spread over threads. With attention dropout ([`AttnParams::dropout`]), each
 //! (batch, head) draws its mask from the kernels' generator ([`crate::cpu::dropout`]), one
 //! tile at a time, as [`QueryTile`] applies it.
 
@@ -124,6 +124,7 @@ pub fn attention_cpu_into<T: Element>(
                 mask: &mask,
                 slope: job.slope,
                 scale_log2,
+                softcap: params.softcap,
             };
             job.run(tile, &scores)
         })

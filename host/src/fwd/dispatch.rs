@@ -20,8 +20,9 @@ pub(crate) struct FwdKernel {
 /// The forward kernel for a target, element type, head dim, mask and dropout: the registry's
 /// kernel of that mask kind and dropout (see `registry::fwd_kernel`) with the smallest
 /// compiled head dim ≥ `head_dim` (the kernel pads the rest with zeros). With `wgmma` (sm_90a
-/// only), Hopper's `wgmma` kernel of the same compiled head dim, mask kind and dropout
-/// replaces it where the registry has one (`registry::fwd_wgmma_kernel`). Errors:
+/// only), Hopper's `wgmma` kernel of the mask kind and dropout at its own smallest compiled
+/// head dim ≥ `head_dim` replaces it where the registry has one
+/// (`registry::fwd_wgmma_kernel`; whether that pays is [`wgmma_pays`]'s question). Errors:
 /// [`FlashError::DType`] for f32, [`FlashError::HeadDim`] when no kernel covers `head_dim`.
 pub(crate) fn fwd_kernel(
     arch: Arch,
@@ -43,8 +44,8 @@ pub(crate) fn fwd_kernel(
     let Some(k) = registry::fwd_kernel(head_dim, mask, dropout) else {
         return Err(FlashError::HeadDim(head_dim));
     };
-    let hopper = registry::fwd_wgmma_kernel(k.head_dim, mask, dropout)
-        .filter(|w| wgmma && arch == Arch::Sm90a && w.head_dim == k.head_dim);
+    let hopper = registry::fwd_wgmma_kernel(head_dim, mask, dropout)
+        .filter(|_| wgmma && arch == Arch::Sm90a);
     let k = hopper.unwrap_or(k);
     Ok(FwdKernel {
         name: k.name(dtype),
@@ -52,17 +53,20 @@ pub(crate) fn fwd_kernel(
     })
 }
 
-/// Whether a forward call over `seqlen_k` keys at `head_dim` is long enough for Hopper's
-/// `wgmma` kernels to gain over the `mma.sync` ones: at least 1,024 keys; under a causal mask
-/// or a window (which halve the keys a query tile visits) 2,048 at d > 64 and 4,096 at
-/// d ≤ 64. Measured on the H100 with the warp-specialised kernels (docs/perf-notes.md):
-/// within 1 % of `mma.sync` at 512 keys and at 1,024 causal (d = 128), 0.95–0.98× at 2,048
-/// causal with d = 64, and 1.05–1.85× on every row the thresholds admit.
+/// Whether a forward call over `seqlen_k` keys at `head_dim` gains on Hopper's `wgmma`
+/// kernels over the `mma.sync` ones. At d > 128 (the d = 256 kernel) from 512 keys, causal or
+/// not; else at least 1,024 keys, and under a causal mask or a window (which halve the keys a
+/// query tile visits) 2,048 at d > 64 and 4,096 at d ≤ 64. Measured on the H100
+/// (docs/perf-notes.md): within 1 % of `mma.sync` at 512 keys and at 1,024 causal (d = 128),
+/// 0.95–0.98× at 2,048 causal with d = 64, 1.05–1.85× on every row the thresholds admit at
+/// d = 64 and 128; at d = 96 (on the d = 128 kernel) 0.94× at 512 causal, 1.14–1.80× from
+/// 1,024 keys; at d = 256 1.48–3.01× from 512 keys.
 pub(crate) fn wgmma_pays(head_dim: usize, seqlen_k: usize, causal_or_window: bool) -> bool {
-    let min_keys = match (causal_or_window, head_dim <= 64) {
+    let min_keys = match (causal_or_window, head_dim) {
+        (_, 129..) => 512,
         (false, _) => 1024,
-        (true, false) => 2048,
-        (true, true) => 4096,
+        (true, 65..) => 2048,
+        (true, _) => 4096,
     };
     seqlen_k >= min_keys
 }
@@ -102,9 +106,12 @@ mod tests {
         // The general mask with dropout at d = 128 has no wgmma kernel (it spills).
         let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 128, MaskKind::Masked, true).unwrap();
         assert_eq!(k.name, "flash_fwd_masked_dropout_f16_d128");
-        // d = 80 pads to 96 on mma.sync, which has no wgmma kernel; sm_80 never takes one.
+        // d = 80 pads to 128 on wgmma, d = 200 to 256; sm_80 never takes one.
         let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 80, MaskKind::Causal, false).unwrap();
-        assert_eq!(k.name, "flash_fwd_f16_d96");
+        assert_eq!(k.name, "flash_fwd_wgmma_masked_f16_d128");
+        let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 200, MaskKind::Tree, false).unwrap();
+        assert_eq!(k.name, "flash_fwd_wgmma_tree_bf16_d256");
+        assert_eq!((k.tile.block_n, k.tile.kv_stages), (64, 2));
         let k = fwd_kernel(Arch::Sm80, true, DType::F16, 64, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d64");
     }
@@ -115,6 +122,8 @@ mod tests {
         assert!(!wgmma_pays(128, 1024, true) && wgmma_pays(128, 2048, true));
         assert!(!wgmma_pays(64, 512, false) && wgmma_pays(64, 1024, false));
         assert!(!wgmma_pays(64, 2048, true) && wgmma_pays(64, 4096, true));
+        assert!(!wgmma_pays(256, 256, false) && wgmma_pays(256, 512, false));
+        assert!(wgmma_pays(200, 512, true) && wgmma_pays(96, 1024, false));
     }
 
     #[test]

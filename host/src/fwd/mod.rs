@@ -10,7 +10,7 @@ pub(crate) mod layout;
 mod tma;
 pub(crate) mod validate;
 
-use flash_attn_kernels::params::{FwdParams, WgmmaFwdParams, SCHEDULE_PINGPONG};
+use flash_attn_kernels::params::{FwdParams, WgmmaFwdParams};
 
 use crate::device::Device;
 use crate::dtype::Element;
@@ -291,7 +291,7 @@ impl ForwardCall {
                         let p = WgmmaFwdParams {
                             fwd: p,
                             tensor_maps,
-                            schedule: wgmma_schedule(),
+                            schedule: dev.wgmma_schedule(),
                             reserved: 0,
                         };
                         launch(dev, name, grid, threads, smem, p)?
@@ -304,15 +304,5 @@ impl ForwardCall {
             scatter_output(dev, o, packed, d, padded_d)?;
         }
         Ok(())
-    }
-}
-
-/// How the Hopper kernels' two consumer warpgroups issue their products: taking turns
-/// ([`SCHEDULE_PINGPONG`], the default), or as they come with `FLASH_ATTN_WGMMA_PINGPONG=0`
-/// (a diagnostic switch for benchmarks; both are exact).
-fn wgmma_schedule() -> u32 {
-    match std::env::var("FLASH_ATTN_WGMMA_PINGPONG").as_deref() {
-        Ok("0") => 0,
-        _ => SCHEDULE_PINGPONG,
     }
 }

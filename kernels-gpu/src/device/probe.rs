@@ -56,6 +56,21 @@ pub unsafe fn wgmma_probe<E: Elem>(p: &ProbeParams) {
     ptx::wgmma_wait_group::<0>();
     ptx::wgmma_fence_operands(s.tiles_mut::<16>(0, 0));
 
+    // S's first 64 columns again, by the 64-key product (B's first 64 rows).
+    let mut s64 = AccTile::<1, { K / 8 }>::zero();
+    ptx::wgmma_fence();
+    for ks in 0..K / 16 {
+        E::wgmma_n64_ss(
+            s64.tiles_mut::<8>(0, 0),
+            a.k_major(0, ks),
+            b.k_major(0, ks),
+            ks > 0,
+        );
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group::<0>();
+    ptx::wgmma_fence_operands(s64.tiles_mut::<8>(0, 0));
+
     // P's A fragments from global memory: the warp's rows 16w + g (+8), columns 16kk + 2t
     // (+1, +8, +9), as `mma.m16n8k16`'s A.
     let pos = FragPos::of(me.lane);
@@ -72,7 +87,8 @@ pub unsafe fn wgmma_probe<E: Elem>(p: &ProbeParams) {
     ptx::wgmma_wait_group::<0>();
     ptx::wgmma_fence_operands(o.tiles_mut::<8>(0, 0));
 
-    let (s_out, o_out) = (p.s as *mut f32, p.o as *mut f32);
+    let (s_out, s64_out, o_out) = (p.s as *mut f32, p.s64 as *mut f32, p.o as *mut f32);
     s.for_each_mut(|_, r, nt, c, x| *s_out.add(row(r) * N + pos.col(nt, c) as usize) = *x);
+    s64.for_each_mut(|_, r, nt, c, x| *s64_out.add(row(r) * K + pos.col(nt, c) as usize) = *x);
     o.for_each_mut(|_, r, nt, c, x| *o_out.add(row(r) * K + pos.col(nt, c) as usize) = *x);
 }

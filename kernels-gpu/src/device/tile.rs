@@ -352,6 +352,17 @@ impl<const ROWS: usize, const D: usize> GmmaTile<ROWS, D> {
         Self { base }
     }
 
+    /// The same tile, its address opaque to the optimiser (see [`ptx::opaque_u32`]): the
+    /// descriptors made from it are recomputed where they are used rather than kept in
+    /// registers across a loop.
+    #[inline(always)]
+    pub fn opaque(self) -> Self {
+        // SAFETY: an empty asm on a register.
+        Self {
+            base: unsafe { ptx::opaque_u32(self.base) },
+        }
+    }
+
     /// Column block `cb` (columns `64·cb ..`).
     #[inline(always)]
     fn block(self, cb: usize) -> SmemTile<ROWS, { crate::gmma::BLOCK_COLS }> {

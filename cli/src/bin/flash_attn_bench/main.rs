@@ -19,8 +19,9 @@
 //! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all|decode|masks|dropout]
 //! [--mode fast|deterministic|both] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
 //! [--causal true|false]` (`--mode`: the backward mode of the `bwd` and `fwd_bwd` rows, their
-//! `mode` key; the last four restrict the sweep,
-//! e.g. for a profiler). Exit status: 0 on success, 1 on an error, 2 when there is no GPU.
+//! `mode` key; the last four restrict the sweep, e.g. for a profiler; `--d` also takes head
+//! dims outside the sweep, such as 96 or 256, with `2048 / d` heads rounded down). With
+//! `FLASH_ATTN_FWD=wgmma` on Hopper, every forward row times the `wgmma` path beside `mma_ms`. Exit status: 0 on success, 1 on an error, 2 when there is no GPU.
 //!
 //! FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·N²·d, backward 2.5× that,
 //! forward + backward 3.5× that, each halved for causal.
@@ -136,10 +137,9 @@ fn bench_dtype<T: Element>(
     if filter.dtype.as_deref().is_some_and(|f| f != name) {
         return Ok(());
     }
-    for d in [64usize, 128] {
-        if filter.d.is_some_and(|f| f != d) {
-            continue;
-        }
+    // `--d` may name any head dim (e.g. 96 or 256), with `WIDTH / d` heads (rounded down).
+    let dims = filter.d.map_or(vec![64usize, 128], |d| vec![d]);
+    for d in dims {
         let h = WIDTH / d;
         let total = TOKENS * h * d;
         let q = DeviceTensor::from_host(dev, &[total], &random::<T>(total, 1))?;
@@ -198,11 +198,12 @@ fn bench_dtype<T: Element>(
                 for &(op, mode) in ops {
                     let mut mma_ms = None;
                     if op == Op::Fwd && path == "wgmma" {
+                        let chosen = dev.forward_path(); // Auto, or FLASH_ATTN_FWD's
                         dev.set_forward_path(ForwardPath::Mma);
                         let times = time_ms(dev, 3, reps, || {
                             flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
                         });
-                        dev.set_forward_path(ForwardPath::Auto);
+                        dev.set_forward_path(chosen);
                         mma_ms = Some(median(&times?));
                     }
                     let times = match (op, grads.as_mut()) {

@@ -12,24 +12,34 @@
 //! ```text
 //! producer (one thread)                     consumers (each warpgroup, its 64 rows)
 //! Q → shared (TMA), on q_full               wait q_full
-//! for each key tile j the mask visits:      S = Q·K₀ᵀ; P₀ ← online softmax of S
-//!   wait empty[j % 3]                       for tile i + 1 = 1, 2, …:
-//!   K_j → stage, on k_full[j % 3]             wait k_full; issue S = Q·Kᵢ₊₁ᵀ   (m64n128k16)
-//!   V_j → stage, on v_full[j % 3]             wait v_full; issue O += Pᵢ·Vᵢ   (m64n64k16 ×
+//! for each key tile j the mask visits       S = Q·K₀ᵀ; (2 stages: arrive k_empty[0]);
+//!                                           P₀ ← softmax
+//! (s = j % STAGES):                         for tile i + 1 = 1, 2, …:
+//!   wait k_empty[s]; K_j → stage s            wait k_full; issue S = Q·Kᵢ₊₁ᵀ   (m64nBNk16)
+//!   wait v_empty[s]; V_j → stage s            wait v_full; issue O += Pᵢ·Vᵢ   (m64n64k16 ×
 //!                                               D/64, P from registers, V MN-major)
-//!                                             wait for S; Pᵢ₊₁ ← softmax   (while P·V runs)
-//!                                             wait for O; arrive empty[i % 3]; O ·= rescale
+//!                                             wait for S; (2 stages: arrive k_empty of i + 1)
+//!                                             Pᵢ₊₁ ← softmax                 (while P·V runs)
+//!                                             wait for O; arrive v_empty of tile i (3 stages:
+//!                                             the stage's one barrier); O ·= rescale
 //!                                           O += P_last·V_last; O /= l; LSE
 //! ```
 //!
+//! In a ring of two stages (d = 256, whose tiles leave room for no more) K and V are freed
+//! separately, each as soon as its product completes, so every tile is still requested one
+//! loop step ahead: the K of tile i + 1 and the V of tile i, read in step i, were requested
+//! when step i − 2 freed their halves of the stage. With three stages one barrier frees the
+//! stage (`v_empty` is `k_empty`) at the end of the step that reads its V.
+//!
 //! Shared memory (dynamic, 1024-byte aligned, [`crate::config::FwdTile::smem_bytes`]): Q
-//! `[BM][D]`, a ring of `STAGES = 3` (K `[BN][D]`, V `[BN][D]`) stages in the layout of
+//! `[BM][D]`, a ring of `STAGES` (K `[BN][D]`, V `[BN][D]`) stages in the layout of
 //! [`crate::gmma`] (which is TMA's 128-byte swizzle of 64-column boxes), then the barriers.
 //! Registers per consumer thread: S `BN/2` f32, P `BN/4` packed, O `D/2` f32, m and l of 2
 //! rows. Sync points: one `bar.sync` after the barriers are initialised; from then on only
 //! `mbarrier`s: `*_full` complete when the copies' bytes land (one arrival, the producer's
-//! `expect_tx`), `empty[s]` when every consumer warp has finished reading stage `s` (one
-//! arrival per warp, by lane 0, after its products' `wgmma.wait_group`). A negative softmax scale negates
+//! `expect_tx`), `k_empty[s]` / `v_empty[s]` when every consumer warp has finished reading
+//! that tile of stage `s` (one arrival per warp, by lane 0, after the `wgmma.wait_group` of
+//! the product that read it). A negative softmax scale negates
 //! each warpgroup's Q rows in place, then `fence.proxy.async` and a named barrier of that
 //! warpgroup.
 
@@ -64,13 +74,14 @@ pub const CONSUMER_REGS: u32 = 240;
 const WG_ROWS: usize = 64;
 /// Threads of one warpgroup.
 const WG_THREADS: u32 = 128;
-/// Bytes of the barriers after the tiles: `q_full`, then `k_full`, `v_full` and `empty` of
-/// each stage (8 bytes each; reserved for up to 4 stages).
+/// Bytes of the barriers after the tiles: `q_full`, then `k_full`, `v_full`, `k_empty` and
+/// (two stages) `v_empty` of each stage (8 bytes each; reserved for up to 3 stages).
 pub const BARRIER_BYTES: usize = crate::config::TMA_BARRIER_BYTES;
 
 /// The forward kernel body on TMA and `wgmma`; see the module docs. Const parameters: `D`
-/// compiled head dim (a multiple of 64), `BN` keys per tile (128: the `m64n128k16` product),
-/// `D_TILES = D/8`, `N_TILES = BN/8`, `STAGES` (3), `DROPOUT`.
+/// compiled head dim (a multiple of 64), `BN` keys per tile (64 or 128: the `m64n64k16` or
+/// `m64n128k16` product of S), `D_TILES = D/8`, `N_TILES = BN/8`, `STAGES` (2 or 3),
+/// `DROPOUT`.
 ///
 /// # Safety
 /// sm_90a only. Launched with grid `(ceil(seqlen_q / 128), heads_q, batch)`, 384 threads,
@@ -90,9 +101,10 @@ pub unsafe fn flash_fwd_wgmma<
     args: &WgmmaFwdParams,
 ) {
     const {
-        assert!(D % BLOCK_COLS == 0 && D_TILES * 8 == D && N_TILES * 8 == BN && BN == 128);
-        assert!(STAGES == 3); // tile i + 2 loads while tiles i (V) and i + 1 (K) are read
-        assert!(BARRIER_BYTES >= 8 * (1 + 3 * STAGES));
+        assert!(D % BLOCK_COLS == 0 && D_TILES * 8 == D && N_TILES * 8 == BN);
+        assert!(BN == 64 || BN == 128);
+        assert!(STAGES >= 2); // step i reads K of tile i + 1 and V of tile i
+        assert!(BARRIER_BYTES >= 8 * (1 + 4 * STAGES));
     };
     let p = &args.fwd;
     let layout = SmemLayout::<D, BN, STAGES> {
@@ -168,7 +180,8 @@ impl<const D: usize, const BN: usize, const STAGES: usize> SmemLayout<D, BN, STA
     }
 }
 
-/// The block's `mbarrier`s: `q_full`, then per stage `k_full`, `v_full` and `empty`.
+/// The block's `mbarrier`s: `q_full`, then per stage `k_full`, `v_full`, `k_empty` and
+/// `v_empty`.
 #[derive(Clone, Copy)]
 struct Barriers<const STAGES: usize> {
     base: u32,
@@ -193,10 +206,27 @@ impl<const STAGES: usize> Barriers<STAGES> {
         self.base + 8 + 8 * (STAGES as u32 + s)
     }
 
-    /// Completes when every consumer warp has finished reading stage `s`.
+    /// Whether K and V of a stage are freed separately (see the module docs): in a ring of
+    /// two stages. With three, one barrier frees both, when the tile's V has been read
+    /// (a second barrier's address live across the softmax made ptxas spill the tree mask's
+    /// kernel with dropout at d = 128).
+    const SPLIT: bool = STAGES == 2;
+
+    /// Completes when every consumer warp has finished reading stage `s`'s K tile.
     #[inline(always)]
-    fn empty(self, s: u32) -> u32 {
+    fn k_empty(self, s: u32) -> u32 {
         self.base + 8 + 8 * (2 * STAGES as u32 + s)
+    }
+
+    /// Completes when every consumer warp has finished reading stage `s`'s V tile (and its
+    /// K, unless [`Self::SPLIT`]: then it is [`Self::k_empty`]).
+    #[inline(always)]
+    fn v_empty(self, s: u32) -> u32 {
+        if Self::SPLIT {
+            self.base + 8 + 8 * (3 * STAGES as u32 + s)
+        } else {
+            self.k_empty(s)
+        }
     }
 
     /// Initialises every barrier (one thread).
@@ -206,7 +236,10 @@ impl<const STAGES: usize> Barriers<STAGES> {
         for s in 0..STAGES as u32 {
             ptx::mbarrier_init(self.k_full(s), 1);
             ptx::mbarrier_init(self.v_full(s), 1);
-            ptx::mbarrier_init(self.empty(s), WARPS as u32);
+            ptx::mbarrier_init(self.k_empty(s), WARPS as u32);
+            if Self::SPLIT {
+                ptx::mbarrier_init(self.v_empty(s), WARPS as u32);
+            }
         }
         ptx::fence_mbarrier_init();
     }
@@ -284,11 +317,12 @@ unsafe fn produce<M: AttnMask, const D: usize, const BN: usize, const STAGES: us
     let (mut n, mut j) = (first, 0u32);
     loop {
         let (s, phase) = ring::<STAGES>(j);
-        ptx::mbarrier_wait(bars.empty(s), phase ^ 1); // fresh barriers: every stage free
         let (k, v) = layout.stage(s);
         let (key0, bytes) = (n * BN as u32, GmmaTile::<BN, D>::BYTES);
+        ptx::mbarrier_wait(bars.k_empty(s), phase ^ 1); // fresh barriers: every stage free
         ptx::mbarrier_arrive_expect_tx(bars.k_full(s), bytes);
         k.load_tma(map_k, key0, block.kv_head, block.batch, bars.k_full(s));
+        ptx::mbarrier_wait(bars.v_empty(s), phase ^ 1);
         ptx::mbarrier_arrive_expect_tx(bars.v_full(s), bytes);
         v.load_tma(map_v, key0, block.kv_head, block.batch, bars.v_full(s));
         j += 1;
@@ -321,6 +355,7 @@ unsafe fn consume<
     me: ThreadPos,
     pingpong: bool,
 ) {
+    let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
     let warp_m0 = me.warp as usize * MMA_M; // first row of this warp
     let wg = me.warp / 4;
     let wg_m0 = wg as usize * WG_ROWS; // first row of this warpgroup
@@ -357,6 +392,9 @@ unsafe fn consume<
         pipe.issue_s(&mut s, 0);
         ptx::wgmma_wait_group::<0>();
         ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+        if early_k {
+            pipe.release_k(0);
+        }
         pipe.softmax(&mut s, &mut softmax, first); // O is still zero: nothing to rescale
         let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
         let mut next = mask.next_key_tile(row0, bm, bn, first);
@@ -380,10 +418,13 @@ unsafe fn consume<
             turns.pass(after.is_none());
             ptx::wgmma_wait_group::<1>();
             ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+            if early_k {
+                pipe.release_k(i + 1);
+            }
             let factor = pipe.softmax(&mut s, &mut softmax, n);
             ptx::wgmma_wait_group::<0>();
             ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
-            pipe.release(i); // K of tile i was read by an earlier S, its V by this P·V
+            pipe.release_v(i);
             if let Some(factor) = factor {
                 o.scale_rows(&factor); // O ·= 2^(m − m'), now that P·V of tile i is in
             }
@@ -443,23 +484,43 @@ impl<
         ptx::mbarrier_wait(self.layout.bars().v_full(s), phase);
     }
 
-    /// Tells the producer this warp is done with the stage of loop tile `i` (after the
-    /// warpgroup's products that read it completed, which every lane waited for): lane 0
+    /// Tells the producer this warp is done with the K tile of loop tile `i` (after the
+    /// warpgroup's product that read it completed, which every lane waited for): lane 0
     /// arrives, by a predicated instruction (a branch on the lane index among the `wgmma`s
     /// would make ptxas serialize them).
     #[inline(always)]
-    unsafe fn release(&self, i: u32) {
-        let bar = self.layout.bars().empty(ring::<STAGES>(i).0);
+    unsafe fn release_k(&self, i: u32) {
+        let bar = self.layout.bars().k_empty(ring::<STAGES>(i).0);
         ptx::mbarrier_arrive_if(bar, self.lane == 0);
     }
 
-    /// Issues and commits `S = Q·Kᵀ` of loop tile `i` for the warpgroup's 64 rows.
+    /// As [`Self::release_k`], for the V tile of loop tile `i` (and its K, in a ring of three).
+    #[inline(always)]
+    unsafe fn release_v(&self, i: u32) {
+        let bar = self.layout.bars().v_empty(ring::<STAGES>(i).0);
+        ptx::mbarrier_arrive_if(bar, self.lane == 0);
+    }
+
+    /// Issues and commits `S = Q·Kᵀ` of loop tile `i` for the warpgroup's 64 rows (one
+    /// `m64nBNk16` product per 16 columns of the head dim). Above d = 128, Q's descriptors
+    /// are recomputed at each call: kept in registers through the key loop (LLVM hoists
+    /// them), the 16 of d = 256 take 32 registers the consumer does not have (ptxas then
+    /// drops `setmaxnreg` and serialises every `wgmma`).
     #[inline(always)]
     unsafe fn issue_s<const NT: usize>(&self, s: &mut AccTile<1, NT>, i: u32) {
-        let (q, k) = (self.layout.q(), self.layout.stage(ring::<STAGES>(i).0).0);
+        let q = if D > 128 {
+            self.layout.q().opaque()
+        } else {
+            self.layout.q()
+        };
+        let k = self.layout.stage(ring::<STAGES>(i).0).0;
         for ks in 0..D / 16 {
             let (a, b) = (q.k_major(self.wg_m0, ks), k.k_major(0, ks));
-            E::wgmma_n128_ss(s.tiles_mut::<16>(0, 0), a, b, ks > 0);
+            if BN == 128 {
+                E::wgmma_n128_ss(s.tiles_mut::<16>(0, 0), a, b, ks > 0);
+            } else {
+                E::wgmma_n64_ss(s.tiles_mut::<8>(0, 0), a, b, ks > 0);
+            }
         }
         ptx::wgmma_commit_group();
     }
