@@ -1,5 +1,7 @@
-//! Scalar math the masks share with the CPU backend: one formula on both sides, each with its
-//! own exponential (the GPU's `ex2.approx`, the host's `std`).
+//! Scalar math of the masks, compiled for both sides, each with its own exponential (the
+//! GPU's `ex2.approx`, the host's `std`). The CPU backend's softcap does not use it: it takes
+//! `tanh` in f64 (`CpuScores::capped` in the host crate), since this formula is off by a few
+//! ulp of 1, which the cap multiplies.
 
 /// `tanh(x) = 1 − 2 / (e^{2x} + 1)`: exact limits ±1 for large `|x|` (the exponential
 /// saturates to ∞ or 0), absolute error a few ulp of 1. The GPU takes the reciprocal from
