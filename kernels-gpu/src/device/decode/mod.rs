@@ -34,7 +34,7 @@ use super::frag::{AccTile, FragPos, RowVec, ThreadPos};
 use super::fwd::io::{QFragments, QOperand};
 use super::gemm::{mma_abt, mma_pb};
 use super::ptx;
-use super::softmax::OnlineSoftmax;
+use super::softmax::{OnlineSoftmax, Tuning};
 use super::tile::{LaneOffsets, SmemTile};
 use crate::block::BlockInfo;
 use crate::config::{DECODE_WARP_KEYS, MMA_M};
@@ -194,9 +194,9 @@ pub unsafe fn flash_decode<
             mask.visible(tokens.0[mt][r], key0 + pos.col(nt, c))
         };
         let rescale = if mask.tile_needs_mask(0, dims.seqlen_q, key0 / STEP, STEP) {
-            softmax.update::<true, 2>(&mut s, scale, visible)
+            softmax.update::<true, 2>(&mut s, scale, visible, Tuning::PLAIN)
         } else {
-            softmax.update::<false, 2>(&mut s, scale, visible)
+            softmax.update::<false, 2>(&mut s, scale, visible, Tuning::PLAIN)
         };
         if let Some(rescale) = rescale {
             o.scale_rows(&rescale);

@@ -36,7 +36,7 @@ use super::elem::Elem;
 use super::frag::{AccTile, FragPos, RowVec, ThreadPos};
 use super::gemm::{mma_abt, mma_pb};
 use super::ptx;
-use super::softmax::OnlineSoftmax;
+use super::softmax::{OnlineSoftmax, Tuning};
 use super::tile::LaneOffsets;
 use crate::block::BlockInfo;
 use crate::config::MMA_M;
@@ -206,7 +206,7 @@ impl<
             scale: self.scale,
             rng: &self.rng,
         };
-        tile.scores_to_probabilities::<MASKED, DROPOUT, N_TILES>(&mut s, softmax, o);
+        tile.scores_to_probabilities::<MASKED, DROPOUT, N_TILES>(&mut s, softmax, o, Tuning::PLAIN);
         mma_pb::<E, MT, N_TILES, D_TILES, BN, PITCH>(o, &s, self.kv.v, &lanes, 0);
         // O += P·V
     }
@@ -231,9 +231,11 @@ pub(crate) struct KeyTile<'a, M, const MT: usize> {
 impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
     /// Turns the raw scores `s = Q·Kᵀ` into P in place: the mask's score modifier (masks that
     /// have one), the online softmax (with the mask's predicate when `MASKED`), then
-    /// `o.rescale(factor)` when a row maximum moved (O's rows multiplied by the factor now,
-    /// or the factor kept until O is out of the tensor cores: see [`Rescale`]), and dropout.
-    /// Shared by every forward kernel body.
+    /// `o.rescale(factor)` when a row's reference point moved (O's rows multiplied by the
+    /// factor now, or the factor kept until O is out of the tensor cores: see [`Rescale`]),
+    /// and dropout.
+    /// Shared by every forward kernel body; `tuning` schedules the softmax (see
+    /// [`crate::device::softmax`]).
     ///
     /// # Safety
     /// The whole warp calls it.
@@ -247,6 +249,7 @@ impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
         s: &mut AccTile<MT, NT>,
         softmax: &mut OnlineSoftmax<MT>,
         o: &mut impl Rescale<MT>,
+        tuning: Tuning,
     ) {
         let pos = FragPos::of(ptx::opaque_u32(self.lane));
         if M::MODIFIES_SCORES && self.mask.modifies_scores() {
@@ -266,7 +269,7 @@ impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
             self.mask
                 .visible(self.rows.0[mt][r], self.key0 + pos.col(nt, c))
         };
-        if let Some(factor) = softmax.update::<MASKED, NT>(s, self.scale, visible) {
+        if let Some(factor) = softmax.update::<MASKED, NT>(s, self.scale, visible, tuning) {
             o.rescale(&factor);
         }
         if DROPOUT {

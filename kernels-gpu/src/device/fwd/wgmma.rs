@@ -51,7 +51,7 @@ use crate::device::dropout::rng_for;
 use crate::device::elem::Elem;
 use crate::device::frag::{AccTile, FragPos, PackedTile, RegFragments, RowVec, ThreadPos};
 use crate::device::ptx;
-use crate::device::softmax::OnlineSoftmax;
+use crate::device::softmax::{OnlineSoftmax, Tuning};
 use crate::device::tile::GmmaTile;
 use crate::gmma::BLOCK_COLS;
 use crate::mask::AttnMask;
@@ -562,14 +562,20 @@ impl<
             scale: self.scale,
             rng: &self.rng,
         };
+        // O rescaled rarely; a consumer warp has no other warp of its own to hide the
+        // reductions' latency behind (see `device::softmax`).
+        let tuning = Tuning {
+            lazy_max: true,
+            two_chains: true,
+        };
         let mut factor = None;
         if self
             .mask
             .tile_needs_mask(self.row0, BM as u32, n, BN as u32)
         {
-            tile.scores_to_probabilities::<true, DROPOUT, NT>(s, softmax, &mut factor);
+            tile.scores_to_probabilities::<true, DROPOUT, NT>(s, softmax, &mut factor, tuning);
         } else {
-            tile.scores_to_probabilities::<false, DROPOUT, NT>(s, softmax, &mut factor);
+            tile.scores_to_probabilities::<false, DROPOUT, NT>(s, softmax, &mut factor, tuning);
         }
         factor
     }
