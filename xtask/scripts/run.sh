@@ -3,6 +3,8 @@
 # Built by `cargo xtask bundle`. Usage:
 #   bash bundle/run.sh test    # every test binary (those that run the forward twice more on
 #                              # Hopper, once per forward path); a missing GPU is a failure here
+#                              # (test-default: only the first pass; test-paths: only the
+#                              # Hopper reruns)
 #   bash bundle/run.sh bench   # our forward benchmark, then PyTorch SDPA on the same shapes
 #   bash bundle/run.sh masks   # the mask family and varlen, then FlexAttention and SDPA
 #   bash bundle/run.sh dropout # attention dropout at p = 0.1 and 0, then SDPA with dropout
@@ -14,17 +16,21 @@ mkdir -p "$out"
 what=${1:-test}
 shift || true
 case "$what" in
-  test)
+  test|test-default|test-paths)
+    # test = test-default then test-paths; each half fits a 10-minute device call.
     export FLASH_ATTN_REQUIRE_GPU=1
     status=0
-    for t in "$here"/tests/*; do
-      echo "=== $(basename "$t")"
-      "$t" --test-threads=4 "$@" 2>&1 | tee -a "$out/test.log" || status=1
-    done
+    if [ "$what" != test-paths ]; then
+      for t in "$here"/tests/*; do
+        echo "=== $(basename "$t")"
+        "$t" --test-threads=4 "$@" 2>&1 | tee -a "$out/test.log" || status=1
+      done
+    fi
     # On Hopper the forward has two paths (wgmma and mma.sync; the default picks by length):
     # every suite that runs the forward again with each forced, and the forward suite once
     # more on wgmma without ping-pong.
-    if nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
+    if [ "$what" != test-default ] && \
+       nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
       for run in "wgmma 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
                  "mma 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
                  "wgmma 0 gpu_forward"; do
@@ -61,7 +67,7 @@ case "$what" in
     python3 "$here/scripts/bench_dropout_torch.py" "$out/dropout-ours.json" "$out/dropout.json" | tee "$out/dropout-table.txt"
     ;;
   *)
-    echo "usage: run.sh test|bench|masks|dropout [args]" >&2
+    echo "usage: run.sh test|test-default|test-paths|bench|masks|dropout [args]" >&2
     exit 2
     ;;
 esac
