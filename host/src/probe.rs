@@ -15,8 +15,10 @@ use crate::tensor::DeviceTensor;
 
 /// Rows of A, P, S and O.
 const M: usize = 64;
-/// Columns of A and V.
+/// Columns of A.
 const K: usize = 64;
+/// Columns of V and O.
+const DV: usize = 128;
 /// Rows of B and V, columns of P and S.
 const N: usize = 128;
 
@@ -28,12 +30,14 @@ pub struct WgmmaProbe {
     /// S's first 64 columns, `[64][64]`, by `wgmma.m64n64k16` with both operands in shared
     /// memory.
     pub s_n64: Vec<f32>,
-    /// `O = P·V`, `[64][64]`, by `wgmma.m64n64k16` with P in registers and V transposed.
+    /// `O = P·V`, `[64][128]`, by `wgmma.m64n128k16` with P in registers and V transposed.
     pub o: Vec<f32>,
+    /// `O = P·V` again, `[64][128]`, by `wgmma.m64n64k16` per 64-column block of V.
+    pub o_n64: Vec<f32>,
 }
 
 /// Runs the `wgmma` layout probe on `dev` (compute capability 9.0 only): see [`WgmmaProbe`],
-/// where A is `[64][64]`, B `[128][64]`, P `[64][128]` and V `[128][64]`
+/// where A is `[64][64]`, B `[128][64]`, P `[64][128]` and V `[128][128]`
 /// (row-major, f16 or bf16). Each accumulator element is written where the kernels' fragment
 /// layout places it, so a layout error shows as wrong elements. Errors:
 /// [`FlashError::UnsupportedDevice`] elsewhere than on sm_90a, [`FlashError::Shape`] for other
@@ -58,7 +62,7 @@ pub fn wgmma_layout_probe<T: Element>(
         ("A", a.len(), M * K),
         ("B", b.len(), N * K),
         ("P", p.len(), M * N),
-        ("V", v.len(), N * K),
+        ("V", v.len(), N * DV),
     ] {
         if got != want {
             return Err(FlashError::Shape(format!(
@@ -69,7 +73,8 @@ pub fn wgmma_layout_probe<T: Element>(
     let up = |x: &[T]| DeviceTensor::from_host(dev, &[x.len()], x);
     let (a, b, p, v) = (up(a)?, up(b)?, up(p)?, up(v)?);
     let s = DeviceTensor::<f32>::zeros(dev, &[M * N])?;
-    let o = DeviceTensor::<f32>::zeros(dev, &[M * K])?;
+    let o = DeviceTensor::<f32>::zeros(dev, &[M * DV])?;
+    let o64 = DeviceTensor::<f32>::zeros(dev, &[M * DV])?;
     let s64 = DeviceTensor::<f32>::zeros(dev, &[M * K])?;
     let params = ProbeParams {
         a: a.device_address(dev),
@@ -79,6 +84,7 @@ pub fn wgmma_layout_probe<T: Element>(
         s: s.device_address(dev),
         o: o.device_address(dev),
         s64: s64.device_address(dev),
+        o64: o64.device_address(dev),
     };
     // SAFETY: every buffer is live and of the size the kernel reads or writes; one block of
     // the probe's threads and shared memory.
@@ -96,5 +102,6 @@ pub fn wgmma_layout_probe<T: Element>(
         s: s.to_host(dev)?,
         s_n64: s64.to_host(dev)?,
         o: o.to_host(dev)?,
+        o_n64: o64.to_host(dev)?,
     })
 }

@@ -46,6 +46,14 @@ pub trait Elem {
     /// # Safety
     /// sm_90a only; as the wrapper.
     unsafe fn wgmma_n64_rs(d: &mut [[f32; 4]; 8], a: [u32; 4], b: u64);
+
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
+    /// `d += A·B` by `wgmma.m64n128k16`, A in registers, B transposed in shared memory (see
+    /// [`ptx::wgmma_m64n128k16_rs_f16`]).
+    ///
+    /// # Safety
+    /// sm_90a only; as the wrapper.
+    unsafe fn wgmma_n128_rs(d: &mut [[f32; 4]; 16], a: [u32; 4], b: u64);
 }
 
 /// IEEE half precision.
@@ -78,6 +86,10 @@ impl Elem for F16 {
     unsafe fn wgmma_n64_rs(d: &mut [[f32; 4]; 8], a: [u32; 4], b: u64) {
         ptx::wgmma_m64n64k16_rs_f16(d, a, b)
     }
+    #[inline(always)]
+    unsafe fn wgmma_n128_rs(d: &mut [[f32; 4]; 16], a: [u32; 4], b: u64) {
+        ptx::wgmma_m64n128k16_rs_f16(d, a, b)
+    }
 }
 
 impl Elem for Bf16 {
@@ -104,5 +116,9 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn wgmma_n64_rs(d: &mut [[f32; 4]; 8], a: [u32; 4], b: u64) {
         ptx::wgmma_m64n64k16_rs_bf16(d, a, b)
+    }
+    #[inline(always)]
+    unsafe fn wgmma_n128_rs(d: &mut [[f32; 4]; 16], a: [u32; 4], b: u64) {
+        ptx::wgmma_m64n128k16_rs_bf16(d, a, b)
     }
 }

@@ -16,8 +16,9 @@
 //!                                           P₀ ← softmax
 //! (s = j % STAGES):                         for tile i + 1 = 1, 2, …:
 //!   wait k_empty[s]; K_j → stage s            wait k_full; issue S = Q·Kᵢ₊₁ᵀ   (m64nBNk16)
-//!   wait v_empty[s]; V_j → stage s            wait v_full; issue O += Pᵢ·Vᵢ   (m64n64k16 ×
-//!                                               D/64, P from registers, V MN-major)
+//!   wait v_empty[s]; V_j → stage s            wait v_full; issue O += Pᵢ·Vᵢ   (m64n128k16
+//!                                               at d = 128, else m64n64k16 × D/64; P from
+//!                                               registers, V MN-major)
 //!                                             wait for S; (2 stages: arrive k_empty of i + 1)
 //!                                             Pᵢ₊₁ ← softmax                 (while P·V runs)
 //!                                             wait for O; arrive v_empty of tile i (3 stages:
@@ -525,8 +526,10 @@ impl<
         ptx::wgmma_commit_group();
     }
 
-    /// Issues and commits `O += P·V` of loop tile `i`, P from registers, 64 columns of O per
-    /// product.
+    /// Issues and commits `O += P·V` of loop tile `i`, P from registers: at d = 128 one
+    /// `m64n128k16` per 16 keys (V's two 64-column blocks, the descriptor's leading byte
+    /// offset apart), else one `m64n64k16` per 16 keys and 64 columns of O (at d = 256 the
+    /// wider product made the general mask's kernel with dropout spill).
     #[inline(always)]
     unsafe fn issue_pv<const NT: usize, const DT: usize>(
         &self,
@@ -537,9 +540,13 @@ impl<
         let v = self.layout.stage(ring::<STAGES>(i).0).1;
         for kk in 0..BN / 16 {
             let a = p.a_fragment::<E>(0, kk);
-            for cb in 0..D / BLOCK_COLS {
-                let acc = o.tiles_mut::<{ BLOCK_COLS / 8 }>(0, cb * BLOCK_COLS / 8);
-                E::wgmma_n64_rs(acc, a, v.mn_major(kk, cb));
+            if D == 2 * BLOCK_COLS {
+                E::wgmma_n128_rs(o.tiles_mut::<16>(0, 0), a, v.mn_major(kk, 0));
+            } else {
+                for cb in 0..D / BLOCK_COLS {
+                    let acc = o.tiles_mut::<{ BLOCK_COLS / 8 }>(0, cb * BLOCK_COLS / 8);
+                    E::wgmma_n64_rs(acc, a, v.mn_major(kk, cb));
+                }
             }
         }
         ptx::wgmma_commit_group();

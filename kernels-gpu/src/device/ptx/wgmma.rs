@@ -183,6 +183,14 @@ wgmma_ss!(
     wgmma_m64n64k16_ss_bf16, "m64n64k16", 8, "bf16", [0, 1, 2, 3, 4, 5, 6, 7]
 );
 wgmma_rs!(
+    /// `m64n128k16`, f16 inputs, A from registers, B transposed.
+    wgmma_m64n128k16_rs_f16, "m64n128k16", 16, "f16", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+);
+wgmma_rs!(
+    /// `m64n128k16`, bf16 inputs, A from registers, B transposed.
+    wgmma_m64n128k16_rs_bf16, "m64n128k16", 16, "bf16", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+);
+wgmma_rs!(
     /// `m64n64k16`, f16 inputs, A from registers, B transposed.
     wgmma_m64n64k16_rs_f16, "m64n64k16", 8, "f16", [0, 1, 2, 3, 4, 5, 6, 7]
 );
