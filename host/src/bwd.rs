@@ -55,6 +55,38 @@ pub fn deterministic_splits(
     fill.min(key_tiles).min(budget).max(1)
 }
 
+/// The backward kernel row for a call: Hopper's `wgmma` kernel where the registry has one for
+/// the head dim, mask and dropout (unless [`crate::BackwardPath::Mma`]), else `mma.sync`'s.
+fn backward_kernel(
+    dev: &Device,
+    head_dim: usize,
+    mask: registry::MaskKind,
+    dropout: bool,
+) -> Result<&'static registry::BwdKernel> {
+    let wgmma =
+        registry::bwd_wgmma_kernel(head_dim, mask, dropout).filter(|_| dev.wgmma_backward());
+    wgmma
+        .or_else(|| registry::bwd_kernel(head_dim, mask, dropout))
+        .ok_or(FlashError::HeadDim(head_dim))
+}
+
+/// The entry point the backward's main kernel would run for a call of this head dim,
+/// element type and parameters on `dev` (for benchmarks and tests; the mask kind and dropout
+/// come from `params`).
+pub fn backward_kernel_name(
+    dev: &Device,
+    dtype: DType,
+    head_dim: usize,
+    params: &AttnParams,
+) -> Result<&'static str> {
+    let dropout = params.active_dropout()?.is_some();
+    let kernel = backward_kernel(dev, head_dim, params.mask_kind(), dropout)?;
+    Ok(kernel.name(match dtype {
+        DType::BF16 => KernelDType::Bf16,
+        _ => KernelDType::F16,
+    }))
+}
+
 /// Largest grid y/z extent: KV heads and batch are mapped there.
 const MAX_GRID_YZ: usize = 65_535;
 
@@ -214,8 +246,7 @@ fn run_backward<T: Element>(
 ) -> Result<()> {
     let d = shape.head_dim;
     let dropout = params.active_dropout()?;
-    let kernel = registry::bwd_kernel(d, params.mask_kind(), dropout.is_some())
-        .ok_or(FlashError::HeadDim(d))?;
+    let kernel = backward_kernel(dev, d, params.mask_kind(), dropout.is_some())?;
     let dtype = match T::DTYPE {
         DType::BF16 => KernelDType::Bf16,
         _ => KernelDType::F16,

@@ -23,6 +23,7 @@ pub struct Device {
     force_ptx: bool,
     /// Which kernels the forward takes on Hopper ([`ForwardPath`] as a `u8`).
     forward_path: AtomicU8,
+    backward_path: AtomicU8,
     /// The `wgmma` kernels' schedule (`FLASH_ATTN_WGMMA_PINGPONG`, read once).
     wgmma_schedule: u32,
     max_smem_optin: usize,
@@ -43,6 +44,17 @@ pub enum ForwardPath {
     /// The `wgmma` kernels wherever the registry has one, whatever the length (tests).
     Wgmma = 1,
     /// Always the `mma.sync` kernels (`FLASH_ATTN_FWD=mma`).
+    Mma = 2,
+}
+
+/// Which kernels the backward runs on Hopper (compute capability 9.0); other GPUs always run
+/// the `mma.sync` kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackwardPath {
+    /// The `wgmma` kernels wherever the registry has one for the head dim, mask and dropout;
+    /// else `mma.sync`. The default.
+    Auto = 0,
+    /// Always the `mma.sync` kernels (`FLASH_ATTN_BWD=mma`).
     Mma = 2,
 }
 
@@ -67,7 +79,8 @@ impl Device {
     /// Opens device `ordinal` (primary context) and creates a stream; loads no kernel yet.
     /// `FLASH_ATTN_PTX=sm80` forces the sm_80 kernels on newer devices and
     /// `FLASH_ATTN_JIT=1` the PTX (JIT) path instead of the embedded SASS, and
-    /// `FLASH_ATTN_FWD=mma` or `=wgmma` one forward path on Hopper (see [`ForwardPath`]), and
+    /// `FLASH_ATTN_FWD=mma` or `=wgmma` one forward path on Hopper (see [`ForwardPath`]),
+    /// `FLASH_ATTN_BWD=mma` the backward's `mma.sync` kernels there (see [`BackwardPath`]), and
     /// `FLASH_ATTN_WGMMA_PINGPONG=0` the `wgmma` kernels' schedule without turns, for
     /// testing. Fails
     /// with [`FlashError::NoDevice`] when there is no driver or no such device, and with
@@ -92,6 +105,10 @@ impl Device {
             Ok("mma") => ForwardPath::Mma,
             Ok("wgmma") => ForwardPath::Wgmma,
             _ => ForwardPath::Auto,
+        };
+        let backward_path = match std::env::var("FLASH_ATTN_BWD").as_deref() {
+            Ok("mma") => BackwardPath::Mma,
+            _ => BackwardPath::Auto,
         };
         let wgmma_schedule = match std::env::var("FLASH_ATTN_WGMMA_PINGPONG").as_deref() {
             Ok("0") => 0,
@@ -118,6 +135,7 @@ impl Device {
             arch,
             force_ptx,
             forward_path: AtomicU8::new(forward_path as u8),
+            backward_path: AtomicU8::new(backward_path as u8),
             wgmma_schedule,
             max_smem_optin,
             sm_count,
@@ -167,6 +185,26 @@ impl Device {
     /// Whether a forward call takes Hopper's `wgmma` kernels (where the registry has one for
     /// it), given whether it is long enough for them to pay (`long`, for
     /// [`ForwardPath::Auto`]).
+    /// Which kernels the backward takes on Hopper (see [`BackwardPath`]; from
+    /// `FLASH_ATTN_BWD` at creation, `mma`, else automatic).
+    pub fn backward_path(&self) -> BackwardPath {
+        match self.backward_path.load(Ordering::Relaxed) {
+            2 => BackwardPath::Mma,
+            _ => BackwardPath::Auto,
+        }
+    }
+
+    /// Chooses the backward's kernels on Hopper for the calls made after this one (for
+    /// comparisons and tests). Other GPUs have only the `mma.sync` kernels and ignore it.
+    pub fn set_backward_path(&self, path: BackwardPath) {
+        self.backward_path.store(path as u8, Ordering::Relaxed);
+    }
+
+    /// Whether the backward runs on the `wgmma` kernels where the registry has one.
+    pub(crate) fn wgmma_backward(&self) -> bool {
+        self.arch == Arch::Sm90a && self.backward_path() == BackwardPath::Auto
+    }
+
     pub(crate) fn wgmma_forward(&self, long: bool) -> bool {
         self.arch == Arch::Sm90a
             && match self.forward_path() {

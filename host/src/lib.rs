@@ -26,14 +26,14 @@ pub mod timing;
 pub mod tree;
 
 pub use bwd::{
-    deterministic_splits, flash_attn_backward, flash_attn_backward_into,
+    backward_kernel_name, deterministic_splits, flash_attn_backward, flash_attn_backward_into,
     flash_attn_varlen_backward, flash_attn_varlen_backward_into, BwdMode,
 };
 pub use decode::{
     attn_with_kvcache, attn_with_kvcache_into, auto_decode_splits, decode_splits,
     merge_attention_states, DecodeOptions, HostCacheMeta, KvCache, NewKv,
 };
-pub use device::{device_count, Device, ForwardPath};
+pub use device::{device_count, BackwardPath, Device, ForwardPath};
 pub use dtype::{DType, Element};
 pub use error::{FlashError, Result};
 pub use fwd::{

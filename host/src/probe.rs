@@ -34,6 +34,9 @@ pub struct WgmmaProbe {
     pub o: Vec<f32>,
     /// `O = P·V` again, `[64][128]`, by `wgmma.m64n64k16` per 64-column block of V.
     pub o_n64: Vec<f32>,
+    /// `G = V₀ᵀ·V₁`, `[64][64]` (V's first 64 columns transposed times its last 64), by
+    /// `wgmma.m64n64k16` with both operands transposed in shared memory (the backward's dQ).
+    pub g_tt: Vec<f32>,
 }
 
 /// Runs the `wgmma` layout probe on `dev` (compute capability 9.0 only): see [`WgmmaProbe`],
@@ -76,6 +79,7 @@ pub fn wgmma_layout_probe<T: Element>(
     let o = DeviceTensor::<f32>::zeros(dev, &[M * DV])?;
     let o64 = DeviceTensor::<f32>::zeros(dev, &[M * DV])?;
     let s64 = DeviceTensor::<f32>::zeros(dev, &[M * K])?;
+    let g = DeviceTensor::<f32>::zeros(dev, &[M * DV / 2])?;
     let params = ProbeParams {
         a: a.device_address(dev),
         b: b.device_address(dev),
@@ -85,6 +89,7 @@ pub fn wgmma_layout_probe<T: Element>(
         o: o.device_address(dev),
         s64: s64.device_address(dev),
         o64: o64.device_address(dev),
+        g: g.device_address(dev),
     };
     // SAFETY: every buffer is live and of the size the kernel reads or writes; one block of
     // the probe's threads and shared memory.
@@ -103,5 +108,6 @@ pub fn wgmma_layout_probe<T: Element>(
         s_n64: s64.to_host(dev)?,
         o: o.to_host(dev)?,
         o_n64: o64.to_host(dev)?,
+        g_tt: g.to_host(dev)?,
     })
 }

@@ -183,6 +183,16 @@ pub const fn bwd_kernel(
     kernel_for(BWD_KERNELS, head_dim, mask, dropout)
 }
 
+/// Hopper's `wgmma` backward kernel for a caller's `head_dim` under `mask`, with or without
+/// `dropout` (see [`kernel_for`]); `None` where there is none (the call takes `mma.sync`).
+pub const fn bwd_wgmma_kernel(
+    head_dim: usize,
+    mask: MaskKind,
+    dropout: bool,
+) -> Option<&'static BwdKernel> {
+    kernel_for(BWD_WGMMA_KERNELS, head_dim, mask, dropout)
+}
+
 /// The decode kernel for a caller's `head_dim` under `mask` (see [`kernel_for`]; the decode
 /// path takes no dropout).
 pub const fn decode_kernel(head_dim: usize, mask: MaskKind) -> Option<&'static DecodeKernel> {
@@ -233,6 +243,7 @@ macro_rules! registry {
         fwd { $( $d:literal $mask:ident $drop:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
         fwd_wgmma { $( $wd:literal $wmask:ident $wdrop:ident [$wf16:ident, $wbf16:ident] $wblock_n:literal; )* }
         bwd { $( $bd:literal $bmask:ident $bdrop:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
+        bwd_wgmma { $( $gd:literal $gmask:ident $gdrop:ident [$gf16:ident, $gbf16:ident] $gblock_m:literal; )* }
         bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
         decode { $( $dd:literal $dmask:ident [$df16:ident, $dbf16:ident] $dtiles:expr; )* }
         decode_passes {
@@ -274,6 +285,18 @@ macro_rules! registry {
                 dropout: $bdrop,
                 names: [stringify!($bf16_), stringify!($bbf16)],
                 tiles: bwd_tiles_of($bd, $btiles),
+            },
+        )*];
+
+        /// Every backward kernel on Hopper's warpgroup products (built for sm_90a only; the
+        /// tile is the same in both target slots, see [`wgmma_bwd_tile`]).
+        pub const BWD_WGMMA_KERNELS: &[BwdKernel] = &[$(
+            BwdKernel {
+                head_dim: $gd,
+                mask: MaskKind::$gmask,
+                dropout: $gdrop,
+                names: [stringify!($gf16), stringify!($gbf16)],
+                tiles: [wgmma_bwd_tile($gd, $gblock_m); ARCH_COUNT],
             },
         )*];
 
@@ -320,6 +343,10 @@ macro_rules! registry {
                 bwd_info(stringify!($bf16_), bwd_tiles_of($bd, $btiles)),
                 bwd_info(stringify!($bbf16), bwd_tiles_of($bd, $btiles)),
             )*
+            $(
+                wgmma_bwd_info(stringify!($gf16), wgmma_bwd_tile($gd, $gblock_m)),
+                wgmma_bwd_info(stringify!($gbf16), wgmma_bwd_tile($gd, $gblock_m)),
+            )*
             aux_info(stringify!($prep16)),
             aux_info(stringify!($prepb16)),
             aux_info(stringify!($conv16)),
@@ -363,6 +390,10 @@ macro_rules! registry {
             $(
                 bwd_entry!($bf16_, F16, $bmask, $bdrop, $bd, $btiles);
                 bwd_entry!($bbf16, Bf16, $bmask, $bdrop, $bd, $btiles);
+            )*
+            $(
+                bwd_wgmma_entry!($gf16, F16, $gmask, $gdrop, $gd, $gblock_m);
+                bwd_wgmma_entry!($gbf16, Bf16, $gmask, $gdrop, $gd, $gblock_m);
             )*
             bwd_pass_entry!($prep16, F16, bwd_prep);
             bwd_pass_entry!($prepb16, Bf16, bwd_prep);
@@ -503,6 +534,32 @@ macro_rules! bwd_entry {
                 { T.dq_tiles() },
                 { T.dp_tiles() },
                 { T.staged_dq },
+                $drop,
+            >(&p)
+        }
+    };
+}
+
+/// One backward entry point on `wgmma` (see `device::bwd::wgmma`); sm_90a only.
+#[cfg(target_arch = "nvptx64")]
+macro_rules! bwd_wgmma_entry {
+    ($name:ident, $elem:ident, $mask:ident, $drop:ident, $d:literal, $block_m:literal) => {
+        /// Backward attention on Hopper's warpgroup products for one (dtype, head dim, mask,
+        /// dropout); see `device::bwd::wgmma`.
+        ///
+        /// # Safety
+        /// Launched by the host crate with the grid, block and shared memory of its tile,
+        /// after the pre-pass and with the dQ accumulator zeroed.
+        #[cfg(flash_arch = "sm90a")]
+        #[no_mangle]
+        pub unsafe extern "ptx-kernel" fn $name(p: crate::params::BwdParams) {
+            crate::device::bwd::wgmma::flash_bwd_wgmma::<
+                crate::device::elem::$elem,
+                crate::mask::kind::$mask,
+                $d,
+                $block_m,
+                { $d / 8 },
+                { $block_m / 8 },
                 $drop,
             >(&p)
         }
@@ -696,6 +753,26 @@ pub const fn wgmma_tile(head_dim: usize, block_n: usize) -> FwdTile {
     }
 }
 
+/// The tile of a `wgmma` backward kernel: two warpgroups of 64 keys (128 per block) and
+/// query tiles of `block_m` rows, in the shared-memory layout of the `mma.sync` backward
+/// ([`BwdTile::smem_bytes`], the pitch being the head dim); see `device::bwd::wgmma`.
+pub const fn wgmma_bwd_tile(head_dim: usize, block_m: usize) -> BwdTile {
+    BwdTile::new(head_dim, (8, 1, block_m, false))
+}
+
+const fn wgmma_bwd_info(name: &'static str, tile: BwdTile) -> KernelInfo {
+    let mut built = [false; ARCH_COUNT];
+    built[Arch::Sm90a.index()] = true;
+    KernelInfo {
+        name,
+        family: Family::Bwd,
+        dyn_smem: [tile.smem_bytes(); ARCH_COUNT],
+        threads: [tile.threads(); ARCH_COUNT],
+        built,
+        maxntid: false,
+    }
+}
+
 const fn bwd_info(name: &'static str, tiles: [BwdTile; ARCH_COUNT]) -> KernelInfo {
     KernelInfo {
         name,
@@ -833,6 +910,21 @@ registry! {
         96 Tree DROPOUT [flash_bwd_tree_dropout_f16_d96, flash_bwd_tree_dropout_bf16_d96] [(4, 1, 32, false), (4, 1, 32, true)];
         128 Tree DROPOUT [flash_bwd_tree_dropout_f16_d128, flash_bwd_tree_dropout_bf16_d128] [(4, 1, 32, false), (8, 1, 32, false)];
         256 Tree DROPOUT [flash_bwd_tree_dropout_f16_d256, flash_bwd_tree_dropout_bf16_d256] [(1, 4, 32, false), (4, 2, 32, true)];
+    }
+    // Hopper's backward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, query
+    // rows per step (the block holds 128 keys: two warpgroups of 64). Calls without a row
+    // here take `mma.sync` (`bwd_wgmma_kernel`; the host's dispatch picks). Missing because
+    // ptxas spilled them or gave them a stack frame (sm_90a, 255 registers): the general
+    // mask (its d logit / d s tile: 64–848 B of spills), dropout at d = 64 (a 256-byte frame),
+    // dropout with the block-sparse and tree masks at d = 128 (4–188 B).
+    bwd_wgmma {
+        64 Causal PLAIN [flash_bwd_wgmma_f16_d64, flash_bwd_wgmma_bf16_d64] 128;
+        64 Sparse PLAIN [flash_bwd_wgmma_sparse_f16_d64, flash_bwd_wgmma_sparse_bf16_d64] 128;
+        64 Tree PLAIN [flash_bwd_wgmma_tree_f16_d64, flash_bwd_wgmma_tree_bf16_d64] 128;
+        128 Causal PLAIN [flash_bwd_wgmma_f16_d128, flash_bwd_wgmma_bf16_d128] 64;
+        128 Causal DROPOUT [flash_bwd_wgmma_dropout_f16_d128, flash_bwd_wgmma_dropout_bf16_d128] 64;
+        128 Sparse PLAIN [flash_bwd_wgmma_sparse_f16_d128, flash_bwd_wgmma_sparse_bf16_d128] 64;
+        128 Tree PLAIN [flash_bwd_wgmma_tree_f16_d128, flash_bwd_wgmma_tree_bf16_d128] 64;
     }
     bwd_passes {
         prep [flash_bwd_prep_f16, flash_bwd_prep_bf16];
@@ -973,6 +1065,7 @@ mod tests {
             2 * FWD_KERNELS.len()
                 + 2 * FWD_WGMMA_KERNELS.len()
                 + 2 * BWD_KERNELS.len()
+                + 2 * BWD_WGMMA_KERNELS.len()
                 + 4
                 + 2 * DECODE_KERNELS.len()
                 + 5
@@ -1066,6 +1159,39 @@ mod tests {
         // d = 129..=255 to 256.
         let d = |x| fwd_wgmma_kernel(x, MaskKind::Causal, false).map(|k| k.head_dim);
         assert_eq!((d(80), d(200), d(257)), (Some(128), Some(256), None));
+    }
+
+    /// Every `wgmma` backward row: 128 keys in two warpgroups, a valid tile that fits
+    /// Hopper's shared memory in whole 1024-byte swizzle atoms, an `mma.sync` row of the same
+    /// head dim, mask and dropout to fall back on; built for sm_90a alone.
+    #[test]
+    fn every_wgmma_backward_row_fits_hopper_and_has_an_mma_twin() {
+        for k in BWD_WGMMA_KERNELS {
+            let t = k.tile(Arch::Sm90a);
+            assert_eq!((t.block_n, t.threads(), t.d_split), (128, 256, 1));
+            assert!(t.is_valid() && !t.staged_dq, "{t:?}");
+            assert_eq!(t.smem_pitch(), k.head_dim);
+            assert_eq!(
+                t.block_m * k.head_dim,
+                64 * 128,
+                "one m64n64 dQ block per warpgroup"
+            );
+            assert!(t.smem_bytes() <= SMEM_LIMITS[Arch::Sm90a.index()], "{t:?}");
+            let twin = bwd_kernel(k.head_dim, k.mask, k.dropout).unwrap();
+            assert_eq!(twin.head_dim, k.head_dim);
+            for dtype in [KernelDType::F16, KernelDType::Bf16] {
+                let name = k.name(dtype);
+                assert!(name.starts_with("flash_bwd_wgmma_"), "{name}");
+                let info = ALL_KERNELS.iter().find(|i| i.name == name).unwrap();
+                assert!(info.built_for(Arch::Sm90a) && !info.built_for(Arch::Sm80));
+                assert_eq!(info.dyn_smem[Arch::Sm90a.index()], t.smem_bytes());
+            }
+        }
+        let d = |x| bwd_wgmma_kernel(x, MaskKind::Causal, false).map(|k| k.head_dim);
+        assert_eq!(
+            (d(64), d(100), d(128), d(256)),
+            (Some(64), Some(128), Some(128), None)
+        );
     }
 
     #[test]

@@ -7,9 +7,13 @@
 //! `FLASH_ATTN_REQUIRE_GPU=1`.
 
 use flash_attn::shape::AttnShape;
-use flash_attn::{flash_attn, AttnParams, BwdMode, Device, DeviceTensor, Element, FlashError};
+use flash_attn::{
+    backward_kernel_name, flash_attn, AttnParams, BackwardPath, BwdMode, DType, Device,
+    DeviceTensor, Element, FlashError,
+};
+use flash_attn_kernels::arch::Arch;
 use flash_attn_tests::gpu::{backward_case, device as gpu_device, download4, gpu_cases, Layout};
-use flash_attn_tests::{attention_mask_recipes, random_array, random_qkv, Magnitude};
+use flash_attn_tests::{attention_mask_recipes, random_array, random_qkv, Magnitude, MaskRecipe};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -33,17 +37,42 @@ fn run_case<T: Element>(
 }
 
 /// Sizes and options: odd lengths, GQA/MQA, every head dim the GPU backward takes (odd ones
-/// run padded), causal, scales, layouts.
+/// run padded), causal, scales, layouts, every mask recipe.
 fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>, Magnitude, Layout)>
 {
+    case_strategy_with(
+        &[
+            8usize, 16, 24, 32, 40, 64, 72, 80, 96, 100, 128, 136, 200, 256,
+        ],
+        attention_mask_recipes(),
+    )
+}
+
+/// The cases Hopper's `wgmma` backward takes by default: head dims up to 128 (run on the
+/// d = 64 and d = 128 kernels) with no mask beyond causal, or a block-sparse mask.
+fn wgmma_case_strategy(
+) -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>, Magnitude, Layout)> {
+    let sparse =
+        (prop::sample::select(&[0u8, 4, 8, 12, 16][..]), any::<u64>()).prop_map(|(s, seed)| {
+            MaskRecipe {
+                seed,
+                sparse: Some(s),
+                ..MaskRecipe::NONE
+            }
+        });
+    let masks = prop_oneof![3 => Just(MaskRecipe::NONE), 1 => sparse];
+    case_strategy_with(&[8usize, 16, 32, 40, 64, 72, 96, 100, 128], masks)
+}
+
+/// [`case_strategy`] over the head dims `dims` and masks `masks`.
+fn case_strategy_with(
+    dims: &'static [usize],
+    masks: impl Strategy<Value = MaskRecipe>,
+) -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>, Magnitude, Layout)> {
     let lens =
         prop::sample::select(&[1usize, 7, 16, 31, 63, 64, 65, 127, 128, 129, 200, 385, 777][..]);
     let heads = prop::sample::select(&[(1usize, 1usize), (2, 1), (4, 2), (3, 3), (8, 1)][..]);
-    let dims = prop::sample::select(
-        &[
-            8usize, 16, 24, 32, 40, 64, 72, 80, 96, 100, 128, 136, 200, 256,
-        ][..],
-    );
+    let dims = prop::sample::select(dims);
     let scales = prop::sample::select(&[None, Some(0.3f32), Some(-0.25), Some(0.0)][..]);
     let layouts = prop::sample::select(
         &[
@@ -62,7 +91,7 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>
         dims,
         any::<bool>(),
         scales,
-        (mags, layouts, attention_mask_recipes()),
+        (mags, layouts, masks),
     )
         .prop_map(
             |(
@@ -97,6 +126,20 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: gpu_cases(), ..ProptestConfig::default() })]
+
+    /// On Hopper (default path) every case runs the `wgmma` backward, f16 then bf16.
+    #[test]
+    fn backward_at_wgmma_kernels_matches_reference((seed, shape, params, mag, layout) in wgmma_case_strategy(), det in any::<bool>()) {
+        if let Some(dev) = device() {
+            let mode = if det { BwdMode::Deterministic } else { BwdMode::Fast };
+            if dev.arch() == Arch::Sm90a && dev.backward_path() == BackwardPath::Auto {
+                let name = backward_kernel_name(dev, DType::BF16, shape.head_dim, &params).unwrap();
+                prop_assert!(name.contains("wgmma"), "{}", name);
+            }
+            prop_assert_eq!(run_case::<f16>(dev, seed, shape, params, mag, layout, mode), Ok(()));
+            prop_assert_eq!(run_case::<bf16>(dev, seed ^ 1, shape, params, mag, layout, mode), Ok(()));
+        }
+    }
 
     #[test]
     fn backward_f16_matches_reference((seed, shape, params, mag, layout) in case_strategy(), det in any::<bool>()) {
@@ -242,6 +285,35 @@ fn deterministic_mode_is_bit_identical_over_100_runs() {
                 for (i, name) in ["dQ", "dK", "dV"].into_iter().enumerate() {
                     assert!(f[i] == now[i], "{name} differs in run {run}");
                 }
+            }
+        }
+    }
+}
+
+/// On Hopper the backward's default takes the `wgmma` kernels where the registry has one
+/// (head dims up to 128 round up to 64 or 128; so this suite's other tests run them), and
+/// `FLASH_ATTN_BWD=mma` the `mma.sync` ones; head dims above 128 and other GPUs always take
+/// `mma.sync`.
+#[test]
+fn backward_dispatch_follows_the_path() {
+    let Some(dev) = device() else { return };
+    let wgmma = dev.arch() == Arch::Sm90a && dev.backward_path() == BackwardPath::Auto;
+    eprintln!(
+        "gpu_backward: backward path {:?} on {:?}: wgmma kernels {}",
+        dev.backward_path(),
+        dev.arch(),
+        if wgmma { "on" } else { "off" }
+    );
+    for causal in [false, true] {
+        let params = AttnParams {
+            causal,
+            ..AttnParams::default()
+        };
+        for d in [8, 32, 64, 96, 128, 200, 256] {
+            for dtype in [DType::F16, DType::BF16] {
+                let name = backward_kernel_name(dev, dtype, d, &params).unwrap();
+                let want = wgmma && d <= 128;
+                assert_eq!(name.contains("wgmma"), want, "d = {d} {dtype:?}: {name}");
             }
         }
     }

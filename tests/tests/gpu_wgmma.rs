@@ -1,7 +1,7 @@
-//! The fragment layout of every `wgmma` shape the Hopper forward uses, checked on the GPU:
-//! `wgmma_layout_probe` runs `m64n128k16` and `m64n64k16` (both operands in shared memory)
-//! and the same two shapes with A in registers and B transposed through the kernels' own wrappers, descriptors and tile
-//! layout, and every output element must equal the CPU product (exactly up to f32 summation
+//! The fragment layout of every `wgmma` shape the Hopper forward and backward use, checked on
+//! the GPU: `wgmma_layout_probe` runs `m64n128k16` and `m64n64k16` (both operands in shared
+//! memory), the same two shapes with A in registers and B transposed, and `m64n64k16` with
+//! both operands transposed, through the kernels' own wrappers, descriptors and tile layout, and every output element must equal the CPU product (exactly up to f32 summation
 //! order: the products of 16-bit values are exact in f32).
 //!
 //! Without a Hopper GPU (compute capability 9.0) the test prints a loud SKIPPED line and
@@ -61,6 +61,13 @@ fn probe<T: Element>(dev: &Device, seed: u64) {
     check("O", &out.o, 64, 128, 128, &p64, |k, j| v64[k * 128 + j]);
     check("O64", &out.o_n64, 64, 128, 128, &p64, |k, j| {
         v64[k * 128 + j]
+    });
+    // G = V₀ᵀ·V₁: A = V's first 64 columns transposed, B = its last 64.
+    let v0t: Vec<f64> = (0..64 * 128)
+        .map(|x| v64[(x % 128) * 128 + x / 128])
+        .collect();
+    check("G", &out.g_tt, 64, 64, 128, &v0t, |k, j| {
+        v64[k * 128 + 64 + j]
     });
 }
 

@@ -23,8 +23,10 @@ bytes as ours over PyTorch's time), `ratio_vs_cudnn` (our time over cuDNN's: ≤
 target) and `speedup_vs_flash` (flash's time over ours: ≥ 1.2 is the target). Our paged rows
 are compared with the same contiguous PyTorch call (SDPA has no paged cache).
 
-Forward rows carry the path our forward took (`path`: `wgmma` on Hopper, else `mma`) and, on
-Hopper, the `mma.sync` path's time on the same shape (`mma_ms`); they get `ratio_vs_cudnn`
+Forward rows carry the path our forward took (`path`: `wgmma` on Hopper, else `mma`), backward
+and forward + backward rows the path of our backward's main kernel; on Hopper, `fwd` and `bwd`
+rows on `wgmma` also carry the `mma.sync` path's time on the same shape (`mma_ms`); rows get
+`ratio_vs_cudnn`
 (our TFLOP/s over cuDNN's: >= 1 is the Hopper target), `ratio_vs_mma` (the mma.sync path's time
 over ours) and `gemm_fraction`, our TFLOP/s over a bf16 8192^3 torch.matmul timed in the same
 run (`torch_gemm_tflops`).

@@ -2,9 +2,11 @@
 # Runs flash-attn's tests or benchmark on a GPU machine that has the NVIDIA driver but no Rust.
 # Built by `cargo xtask bundle`. Usage:
 #   bash bundle/run.sh test    # every test binary (those that run the forward twice more on
-#                              # Hopper, once per forward path); a missing GPU is a failure here
-#                              # (test-default: only the first pass; test-paths: only the
-#                              # Hopper reruns)
+#                              # Hopper, once per forward path, and those that run the
+#                              # backward once more on its mma.sync path); a missing GPU is a
+#                              # failure here (test-default: only the first pass; test-paths:
+#                              # only the forward's Hopper reruns; test-bwd-paths: only the
+#                              # backward's)
 #   bash bundle/run.sh bench   # our forward benchmark, then PyTorch SDPA on the same shapes
 #   bash bundle/run.sh masks   # the mask family and varlen, then FlexAttention and SDPA
 #   bash bundle/run.sh dropout # attention dropout at p = 0.1 and 0, then SDPA with dropout
@@ -16,11 +18,11 @@ mkdir -p "$out"
 what=${1:-test}
 shift || true
 case "$what" in
-  test|test-default|test-paths)
-    # test = test-default then test-paths; each half fits a 10-minute device call.
+  test|test-default|test-paths|test-bwd-paths)
+    # test = test-default, test-paths, test-bwd-paths; each fits a 10-minute device call.
     export FLASH_ATTN_REQUIRE_GPU=1
     status=0
-    if [ "$what" != test-paths ]; then
+    if [ "$what" = test ] || [ "$what" = test-default ]; then
       for t in "$here"/tests/*; do
         echo "=== $(basename "$t")"
         "$t" --test-threads=4 "$@" 2>&1 | tee -a "$out/test.log" || status=1
@@ -29,8 +31,9 @@ case "$what" in
     # On Hopper the forward has two paths (wgmma and mma.sync; the default picks by length):
     # every suite that runs the forward again with each forced, and the forward suite once
     # more on wgmma without ping-pong.
-    if [ "$what" != test-default ] && \
-       nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0'; then
+    hopper=0
+    nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0' && hopper=1
+    if { [ "$what" = test ] || [ "$what" = test-paths ]; } && [ $hopper = 1 ]; then
       for run in "wgmma 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
                  "mma 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
                  "wgmma 0 gpu_forward"; do
@@ -41,6 +44,15 @@ case "$what" in
             "$here/tests/$suite-test" --test-threads=4 "$@" 2>&1 \
             | tee -a "$out/test.log" || status=1
         done
+      done
+    fi
+    # The backward's default on Hopper is `wgmma` where a kernel exists: the suites whose
+    # calls reach those kernels run once more on `mma.sync`.
+    if { [ "$what" = test ] || [ "$what" = test-bwd-paths ]; } && [ $hopper = 1 ]; then
+      for suite in gpu_backward gpu_dropout gpu_sparse gpu_tree gpu_varlen; do
+        echo "=== $suite with FLASH_ATTN_BWD=mma"
+        FLASH_ATTN_BWD=mma "$here/tests/$suite-test" --test-threads=4 "$@" 2>&1 \
+          | tee -a "$out/test.log" || status=1
       done
     fi
     [ $status -eq 0 ] && echo "ALL TEST BINARIES PASSED" || echo "SOME TEST BINARY FAILED"
@@ -67,7 +79,7 @@ case "$what" in
     python3 "$here/scripts/bench_dropout_torch.py" "$out/dropout-ours.json" "$out/dropout.json" | tee "$out/dropout-table.txt"
     ;;
   *)
-    echo "usage: run.sh test|test-default|test-paths|bench|masks|dropout [args]" >&2
+    echo "usage: run.sh test|test-default|test-paths|test-bwd-paths|bench|masks|dropout [args]" >&2
     exit 2
     ;;
 esac

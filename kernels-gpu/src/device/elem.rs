@@ -40,6 +40,14 @@ pub trait Elem {
     unsafe fn wgmma_n64_ss(d: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool);
 
     #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
+    /// `d (+)= A·B` by `wgmma.m64n64k16`, both operands MN-major in shared memory (see
+    /// [`ptx::wgmma_m64n64k16_ss_tt_f16`]).
+    ///
+    /// # Safety
+    /// sm_90a only; as the wrapper.
+    unsafe fn wgmma_n64_ss_tt(d: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool);
+
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
     /// `d += A·B` by `wgmma.m64n64k16`, A in registers, B transposed in shared memory (see
     /// [`ptx::wgmma_m64n64k16_rs_f16`]).
     ///
@@ -83,6 +91,10 @@ impl Elem for F16 {
         ptx::wgmma_m64n64k16_ss_f16(d, a, b, accumulate)
     }
     #[inline(always)]
+    unsafe fn wgmma_n64_ss_tt(d: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool) {
+        ptx::wgmma_m64n64k16_ss_tt_f16(d, a, b, accumulate)
+    }
+    #[inline(always)]
     unsafe fn wgmma_n64_rs(d: &mut [[f32; 4]; 8], a: [u32; 4], b: u64) {
         ptx::wgmma_m64n64k16_rs_f16(d, a, b)
     }
@@ -112,6 +124,10 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn wgmma_n64_ss(d: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool) {
         ptx::wgmma_m64n64k16_ss_bf16(d, a, b, accumulate)
+    }
+    #[inline(always)]
+    unsafe fn wgmma_n64_ss_tt(d: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool) {
+        ptx::wgmma_m64n64k16_ss_tt_bf16(d, a, b, accumulate)
     }
     #[inline(always)]
     unsafe fn wgmma_n64_rs(d: &mut [[f32; 4]; 8], a: [u32; 4], b: u64) {

@@ -1,5 +1,5 @@
 //! The `wgmma` layout probe: one warpgroup runs each warpgroup product shape the Hopper
-//! forward uses, through the same wrappers, descriptors and tile layout, and writes every
+//! forward and backward use, through the same wrappers, descriptors and tile layout, and writes every
 //! accumulator element at the (row, column) the register-tile layer assigns it. The host
 //! compares with a CPU product (`tests/tests/gpu_wgmma.rs`), so a wrong descriptor field,
 //! swizzle or fragment mapping shows up as a wrong element.
@@ -108,6 +108,23 @@ pub unsafe fn wgmma_probe<E: Elem>(p: &ProbeParams) {
     ptx::wgmma_wait_group::<0>();
     ptx::wgmma_fence_operands(o64.tiles_mut::<16>(0, 0));
     store(&mut o64, p.o64, DV, me);
+
+    // G = V₀ᵀ·V₁ with both operands MN-major, as the backward's dQ = dS·K reads dSᵀ and K:
+    // A[m][k] = V[k][m] (column block 0), B[k][n] = V[k][64 + n] (column block 1).
+    let mut g = AccTile::<1, { DV / 16 }>::zero();
+    ptx::wgmma_fence();
+    for ks in 0..N / 16 {
+        E::wgmma_n64_ss_tt(
+            g.tiles_mut::<8>(0, 0),
+            v.mn_major(ks, 0),
+            v.mn_major(ks, 1),
+            ks > 0,
+        );
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group::<0>();
+    ptx::wgmma_fence_operands(g.tiles_mut::<8>(0, 0));
+    store(&mut g, p.g, DV / 2, me);
 }
 
 /// Writes a warp's accumulators of a `[64][cols]` f32 product at `out`, each element at the

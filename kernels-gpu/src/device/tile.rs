@@ -436,6 +436,19 @@ impl<const ROWS: usize, const D: usize> GmmaTile<ROWS, D> {
         }
     }
 
+    /// Stores two adjacent 16-bit elements (`bits`, low half first) at row `row`, columns
+    /// `col` and `col + 1` (`col` even), in the block that holds them.
+    ///
+    /// # Safety
+    /// Inside the tile; the caller orders it against readers (for `wgmma`: a proxy fence,
+    /// then a barrier).
+    #[inline(always)]
+    pub unsafe fn store_pair(self, row: u32, col: u32, bits: u32) {
+        let cols = crate::gmma::BLOCK_COLS as u32;
+        self.block((col / cols) as usize)
+            .store_pair(row, col % cols, bits);
+    }
+
     /// The K-major descriptor of rows `row0 ..` (a multiple of 8) at k-step `ks` (16 columns).
     #[inline(always)]
     pub fn k_major(self, row0: usize, ks: usize) -> u64 {

@@ -2,13 +2,14 @@
 
 /// Parameters of `wgmma_probe_*`: one warpgroup computes `S = A·Bᵀ` (`m64n128k16`, both
 /// operands in shared memory), its first 64 columns again by `m64n64k16` (both in shared
-/// memory), and `O = P·V` twice with P in registers and V MN-major: by `m64n128k16` and by
-/// `m64n64k16` per 64-column block; it writes every accumulator element where the fragment
-/// layout says it belongs.
+/// memory), `O = P·V` twice with P in registers and V MN-major: by `m64n128k16` and by
+/// `m64n64k16` per 64-column block, and `G = V₀ᵀ·V₁` (V's two 64-column blocks) by
+/// `m64n64k16` with both operands MN-major (the backward's `dQ = dS·K`); it writes every
+/// accumulator element where the fragment layout says it belongs.
 ///
 /// Inputs (16-bit, row-major, contiguous): A `[64][64]`, B `[128][64]`, P `[64][128]`, V
 /// `[128][128]`. Outputs (f32, row-major): S `[64][128]`, S₆₄ `[64][64]`, O and O₆₄
-/// `[64][128]`.
+/// `[64][128]`, G `[64][64]`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ProbeParams {
@@ -28,6 +29,8 @@ pub struct ProbeParams {
     pub s64: u64,
     /// Device address of O₆₄, O by `m64n64k16` per column block (written).
     pub o64: u64,
+    /// Device address of G = V₀ᵀ·V₁ by `m64n64k16`, both operands transposed (written).
+    pub g: u64,
 }
 
-const _: () = assert!(core::mem::size_of::<ProbeParams>() == 64);
+const _: () = assert!(core::mem::size_of::<ProbeParams>() == 72);

@@ -29,9 +29,9 @@
 use clap::{ArgAction, Parser};
 use flash_attn::timing::{median, time_ms};
 use flash_attn::{
-    attn_with_kvcache_into, auto_decode_splits, flash_attn_backward_into, flash_attn_into,
-    forward_kernel_name, AttnParams, BwdMode, DecodeOptions, Device, DeviceTensor, Element,
-    ForwardPath, HostCacheMeta, KvCache, Result,
+    attn_with_kvcache_into, auto_decode_splits, backward_kernel_name, flash_attn_backward_into,
+    flash_attn_into, forward_kernel_name, AttnParams, BackwardPath, BwdMode, DecodeOptions, Device,
+    DeviceTensor, Element, ForwardPath, HostCacheMeta, KvCache, Result,
 };
 use half::{bf16, f16};
 
@@ -93,9 +93,10 @@ struct Row {
     n: usize,
     causal: bool,
     ms: f32,
-    /// The forward kernel's path: `wgmma` (Hopper) or `mma` (`mma.sync`).
+    /// The path of the kernel the row times (the forward's for `fwd`, the backward's for
+    /// `bwd` and `fwd_bwd`): `wgmma` (Hopper) or `mma` (`mma.sync`).
     path: &'static str,
-    /// On Hopper, forward rows also time the `mma.sync` path (`mma_ms`).
+    /// On Hopper, `fwd` and `bwd` rows on `wgmma` also time the `mma.sync` path (`mma_ms`).
     mma_ms: Option<f32>,
 }
 
@@ -195,8 +196,33 @@ fn bench_dtype<T: Element>(
                 } else {
                     "mma"
                 };
+                let bwd_kernel = backward_kernel_name(dev, T::DTYPE, d, &params)?;
+                let bwd_path = if bwd_kernel.contains("wgmma") {
+                    "wgmma"
+                } else {
+                    "mma"
+                };
                 for &(op, mode) in ops {
                     let mut mma_ms = None;
+                    if op == Op::Bwd && bwd_path == "wgmma" {
+                        // The same backward on `mma.sync`, for the ratio between the paths.
+                        flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)?;
+                        let Some([d_o, dq, dk, dv]) = grads.as_mut() else {
+                            unreachable!("backward buffers exist for backward ops")
+                        };
+                        dev.set_backward_path(BackwardPath::Mma);
+                        let times = time_ms(dev, 3, reps, || {
+                            flash_attn_backward_into(
+                                dev, &q, &k, &v, &o, d_o, &lse, &params, mode, dq, dk, dv,
+                            )
+                        });
+                        dev.set_backward_path(BackwardPath::Auto);
+                        mma_ms = Some(median(&times?));
+                    }
+                    let path = match op {
+                        Op::Fwd => path,
+                        Op::Bwd | Op::FwdBwd => bwd_path,
+                    };
                     if op == Op::Fwd && path == "wgmma" {
                         let chosen = dev.forward_path(); // Auto, or FLASH_ATTN_FWD's
                         dev.set_forward_path(ForwardPath::Mma);
@@ -402,7 +428,7 @@ fn main() {
             serde_json::json!({
                 "op": r.op.name(), "mode": mode_name(r.mode), "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
                 "causal": r.causal, "ours_ms": r.ms, "ours_tflops": r.tflops(),
-                "path": if r.op == Op::Bwd { "mma" } else { r.path }, "mma_ms": r.mma_ms,
+                "path": r.path, "mma_ms": r.mma_ms,
                 "device": device, "date": date, "ptx_arch": dev.ptx_arch(),
             })
         })

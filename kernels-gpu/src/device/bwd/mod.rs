@@ -45,8 +45,12 @@
 //! bulk engine (`fence.proxy.async`) before the barrier that precedes its bulk add.
 
 mod passes;
+mod stats;
+#[cfg(flash_arch = "sm90a")]
+pub mod wgmma;
 
 pub use passes::{bwd_convert_dq, bwd_prep};
+use stats::QueryStats;
 
 use super::dropout::{mark_dropped, rng_for};
 use super::elem::Elem;
@@ -58,9 +62,6 @@ use crate::block::BlockInfo;
 use crate::config::MMA_M;
 use crate::mask::AttnMask;
 use crate::params::BwdParams;
-
-/// `log2(e)`: converts the natural-log LSE into the base-2 domain of the exponent.
-pub(super) const LOG2_E: f32 = core::f32::consts::LOG2_E;
 
 /// The backward kernel body for any mask type `M`; see the module docs. Const parameters: `D`
 /// compiled head dim, `PITCH` shared row length of the Q/K/V/dO tiles, `BN` keys per block,
@@ -196,7 +197,7 @@ unsafe fn key_tile<
         let block = block_for(p, batch, kv_head, head);
         let row0 = i * BM as u32;
         ptx::cp_async_wait_group::<0>();
-        smem.finish_stats(buf, row0, dims.seqlen_q, me.tid);
+        smem.stats.finish(buf, row0, dims.seqlen_q, me.tid);
         ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
         if STAGED_DQ {
             smem.flush_dq::<D>(p, batch, kv_head, me.tid);
@@ -240,7 +241,7 @@ unsafe fn key_tile<
             }
         }
         // Pᵀ; scores the mask hides are zeroed afterwards, only in tiles that cross its edge.
-        smem.probabilities(&mut pt, buf, pos_s, p.scale_log2);
+        smem.stats.probabilities(&mut pt, buf, pos_s, p.scale_log2);
         if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
             let key_base = key0 + warp_k0 as u32;
             pt.for_each_mut(|_, r, nt, c, x| {
@@ -277,13 +278,8 @@ unsafe fn key_tile<
             );
             ds.for_each_mut(|mt, r, nt, c, x| {
                 let prob = pt.get::<E>(mt, r, part * DP_TILES + nt, c);
-                let delta = smem.delta(buf, (c0 as u32) + pos_s.col(nt, c));
-                *x = match DROPOUT {
-                    // Kept (P ≥ 0): P·(dP/(1 − p) − D); dropped (stored as −P): −P·D.
-                    true if prob >= 0.0 => prob * (*x * p.dropout.scale - delta),
-                    true => prob * delta,
-                    false => prob * (*x - delta),
-                };
+                let delta = smem.stats.delta(buf, (c0 as u32) + pos_s.col(nt, c));
+                *x = d_score::<DROPOUT>(prob, *x, delta, p.dropout.scale);
                 if modifies {
                     *x *= grad.get(mt, r, part * DP_TILES + nt, c);
                 }
@@ -353,16 +349,38 @@ unsafe fn key_tile<
     let WarpRoles {
         warp_k0, dkv_pair0, ..
     } = roles(me.warp);
+    let key_base = key0 + warp_k0 as u32;
+    let col0 = 16 * dkv_pair0 as u32;
+    store_dkv::<E, DKV_TILES, DROPOUT>(p, &kv_block, key_base, col0, pos, &dk, &dv);
+}
+
+/// Writes a warp's `scale·dK` and dV (`·1/(1 − p)` with dropout) of its 16 keys from
+/// `key_base` and its columns from `col0`, skipping keys past the sequence and columns
+/// past the head dim.
+///
+/// # Safety
+/// `kv_block` and `p` describe the launch's validated dK and dV.
+#[inline(always)]
+unsafe fn store_dkv<E: Elem, const DT: usize, const DROPOUT: bool>(
+    p: &BwdParams,
+    kv_block: &BlockInfo,
+    key_base: u32,
+    col0: u32,
+    pos: FragPos,
+    dk: &AccTile<1, DT>,
+    dv: &AccTile<1, DT>,
+) {
+    let dims = &p.dims;
     let dv_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
     for r in 0..2 {
-        let key = key0 + warp_k0 as u32 + pos.row(0, r);
+        let key = key_base + pos.row(0, r);
         if key >= dims.seqlen_k {
             continue;
         }
         let dk_dst = (p.dk.ptr as *mut u16).add(kv_block.key_offset(&p.dk, key) as usize);
         let dv_dst = (p.dv.ptr as *mut u16).add(kv_block.key_offset(&p.dv, key) as usize);
-        for dt in 0..DKV_TILES {
-            let col = 16 * dkv_pair0 as u32 + pos.col(dt, 0);
+        for dt in 0..DT {
+            let col = col0 + pos.col(dt, 0);
             if col < dims.head_dim {
                 let [k0, k1] = dk.pair(0, r, dt);
                 let [v0, v1] = dv.pair(0, r, dt);
@@ -370,6 +388,18 @@ unsafe fn key_tile<
                 *(dv_dst.add(col as usize) as *mut u32) = E::pack(v0 * dv_scale, v1 * dv_scale);
             }
         }
+    }
+}
+
+/// dS of one score from its probability `prob`, dP and D: `P·(dP − D)`; with dropout the
+/// kept probabilities (P ≥ 0) give `P·(dP/(1 − p) − D)` (`keep_scale` = 1/(1 − p)) and the
+/// dropped ones (stored as −P, see [`mark_dropped`]) `−P·D`.
+#[inline(always)]
+fn d_score<const DROPOUT: bool>(prob: f32, dp: f32, delta: f32, keep_scale: f32) -> f32 {
+    match DROPOUT {
+        true if prob >= 0.0 => prob * (dp * keep_scale - delta),
+        true => prob * delta,
+        false => prob * (dp - delta),
     }
 }
 
@@ -488,14 +518,13 @@ struct BwdSmem<const BN: usize, const BM: usize, const PITCH: usize> {
     /// dSᵀ `[BN][BM]`.
     ds: SmemTile<BN, BM>,
     /// Two buffers of `BM` f32 LSE·log2 e then `BM` f32 D.
-    stats: u32,
+    stats: QueryStats<BM>,
     /// The dQ stage `[BM][D + 8]` f32 (tiles with `staged_dq` only).
     dq_stage: u32,
 }
 
 impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH> {
     const QTILE: u32 = SmemTile::<BM, PITCH>::BYTES;
-    const STATS: u32 = 2 * 4 * BM as u32;
 
     #[inline(always)]
     fn at(base: u32) -> Self {
@@ -507,8 +536,8 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
             v: SmemTile::at(base + kv),
             q_do,
             ds: SmemTile::at(ds),
-            stats: ds + SmemTile::<BN, BM>::BYTES,
-            dq_stage: ds + SmemTile::<BN, BM>::BYTES + 2 * Self::STATS,
+            stats: QueryStats::at(ds + SmemTile::<BN, BM>::BYTES),
+            dq_stage: ds + SmemTile::<BN, BM>::BYTES + QueryStats::<BM>::BYTES,
         }
     }
 
@@ -522,36 +551,6 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
     #[inline(always)]
     fn d_o(&self, buf: u32) -> SmemTile<BM, PITCH> {
         SmemTile::at(self.q_do + (2 + buf) * Self::QTILE)
-    }
-
-    /// Shared address of query `col`'s LSE slot in buffer `buf` (its D slot is `4·BM` on).
-    #[inline(always)]
-    fn stat_addr(&self, buf: u32, col: u32) -> u32 {
-        self.stats + buf * Self::STATS + 4 * col
-    }
-
-    /// LSE·log2 e of query `col` of buffer `buf` (+∞ for rows past the sequence and rows
-    /// that saw no key, so that their P is 0).
-    #[inline(always)]
-    unsafe fn lse2(&self, buf: u32, col: u32) -> f32 {
-        ptx::ld_shared_f32(self.stat_addr(buf, col))
-    }
-
-    /// `Pᵀ = 2^(c·Sᵀ − LSE·log2 e)` in place for a warp's keys and the query tile in buffer
-    /// `buf`, with no mask (the caller zeroes hidden scores; rows past the sequence need
-    /// nothing: their LSE slot is +∞).
-    #[inline(always)]
-    unsafe fn probabilities<const Q_TILES: usize>(
-        &self,
-        pt: &mut AccTile<1, Q_TILES>,
-        buf: u32,
-        pos: FragPos,
-        scale_log2: f32,
-    ) {
-        pt.for_each_mut(|_, _, nt, c, x| {
-            let lse2 = self.lse2(buf, pos.col(nt, c));
-            *x = ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, scale_log2, -lse2));
-        });
     }
 
     /// Shared address of dQ element (`row`, `col`) of the stage (`D + 8` f32 per row: see
@@ -589,15 +588,9 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
         }
     }
 
-    /// D of query `col` of buffer `buf`.
-    #[inline(always)]
-    unsafe fn delta(&self, buf: u32, col: u32) -> f32 {
-        ptx::ld_shared_f32(self.stat_addr(buf, col) + 4 * BM as u32)
-    }
-
     /// Issues the copies of query tile `i` into buffer `buf`: Q and dO (rows past the
     /// sequence zero-filled) and the raw LSE and D of those rows (zero-filled past the
-    /// sequence); the caller commits them. [`BwdSmem::finish_stats`] completes the LSE slots.
+    /// sequence); the caller commits them. [`QueryStats::finish`] completes the LSE slots.
     #[inline(always)]
     unsafe fn load_query_tile<const D: usize, const WARPS: usize>(
         &self,
@@ -616,33 +609,6 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
             .load_async::<D, WARPS>(q, p.q.strides.row, rows_left, dims.head_dim, tid);
         self.d_o(buf)
             .load_async::<D, WARPS>(d_o, p.d_o.strides.row, rows_left, dims.head_dim, tid);
-        if (tid as usize) < BM {
-            let row = row0 + tid;
-            let (bytes, lse, delta) = if row < dims.seqlen_q {
-                let lse =
-                    (p.lse.ptr as *const f32).add(block.row_stat_offset(&p.lse, row) as usize);
-                let delta =
-                    (p.delta.ptr as *const f32).add(block.row_stat_offset(&p.delta, row) as usize);
-                (4, lse, delta)
-            } else {
-                (0, p.lse.ptr as *const f32, p.delta.ptr as *const f32)
-            };
-            let at = self.stat_addr(buf, tid);
-            ptx::cp_async_ca_4(at, lse as *const u8, bytes);
-            ptx::cp_async_ca_4(at + 4 * BM as u32, delta as *const u8, bytes);
-        }
-    }
-
-    /// Turns the raw LSE this thread copied into buffer `buf` (tile rows from `row0`) into
-    /// LSE·log2 e, or +∞ where the row is past the sequence or saw no key (LSE = −∞). Call
-    /// after this thread's copies completed and before the barrier that publishes them.
-    #[inline(always)]
-    unsafe fn finish_stats(&self, buf: u32, row0: u32, seqlen_q: u32, tid: u32) {
-        if (tid as usize) < BM {
-            let at = self.stat_addr(buf, tid);
-            let lse = ptx::ld_shared_f32(at);
-            let valid = row0 + tid < seqlen_q && lse != f32::NEG_INFINITY;
-            ptx::st_shared_f32(at, if valid { lse * LOG2_E } else { f32::INFINITY });
-        }
+        self.stats.load(p, block, row0, buf, tid);
     }
 }

@@ -82,9 +82,11 @@ macro_rules! acc_list {
 }
 
 /// `wgmma` with both operands in shared memory: `d (+)= A · B` for a 64 × 16 A and a 16 × N
-/// B, both K-major (A row-major, B stored `[n][k]`, as K for `S = Q·Kᵀ`).
+/// B, both K-major (`$tnsp` = `"0, 0"`: A row-major, B stored `[n][k]`, as K for
+/// `S = Q·Kᵀ`) or both MN-major (`"1, 1"`: A stored `[k][m]`, B `[k][n]`, as dSᵀ and K for
+/// the backward's `dQ = dS·K`).
 macro_rules! wgmma_ss {
-    ($(#[$doc:meta])* $name:ident, $shape:literal, $n:tt, $ty:literal, [$($t:literal),*]) => {
+    ($(#[$doc:meta])* $name:ident, $shape:literal, $n:tt, $ty:literal, $tnsp:literal, [$($t:literal),*]) => {
         $(#[$doc])*
         ///
         /// `accumulate = false` overwrites `d` (`scale-d` = 0) and does not read it, so its old
@@ -100,7 +102,7 @@ macro_rules! wgmma_ss {
                     concat!(
                         "{{ .reg .pred p; setp.ne.b32 p, {one}, 0; wgmma.mma_async.sync.aligned.",
                         $shape, ".f32.", $ty, ".", $ty, " {{", acc_list!($n),
-                        "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
+                        "}}, {a}, {b}, p, 1, 1, ", $tnsp, "; }}"
                     ),
                     $(
                         inout(reg32) d[$t][0], inout(reg32) d[$t][1],
@@ -116,7 +118,7 @@ macro_rules! wgmma_ss {
                     concat!(
                         "{{ .reg .pred p; setp.ne.b32 p, {zero}, 0; wgmma.mma_async.sync.aligned.",
                         $shape, ".f32.", $ty, ".", $ty, " {{", acc_list!($n),
-                        "}}, {a}, {b}, p, 1, 1, 0, 0; }}"
+                        "}}, {a}, {b}, p, 1, 1, ", $tnsp, "; }}"
                     ),
                     $(
                         out(reg32) d[$t][0], out(reg32) d[$t][1],
@@ -168,19 +170,27 @@ macro_rules! wgmma_rs {
 
 wgmma_ss!(
     /// `m64n128k16`, f16 inputs.
-    wgmma_m64n128k16_ss_f16, "m64n128k16", 16, "f16", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    wgmma_m64n128k16_ss_f16, "m64n128k16", 16, "f16", "0, 0", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 );
 wgmma_ss!(
     /// `m64n128k16`, bf16 inputs.
-    wgmma_m64n128k16_ss_bf16, "m64n128k16", 16, "bf16", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
+    wgmma_m64n128k16_ss_bf16, "m64n128k16", 16, "bf16", "0, 0", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]
 );
 wgmma_ss!(
     /// `m64n64k16`, f16 inputs.
-    wgmma_m64n64k16_ss_f16, "m64n64k16", 8, "f16", [0, 1, 2, 3, 4, 5, 6, 7]
+    wgmma_m64n64k16_ss_f16, "m64n64k16", 8, "f16", "0, 0", [0, 1, 2, 3, 4, 5, 6, 7]
 );
 wgmma_ss!(
     /// `m64n64k16`, bf16 inputs.
-    wgmma_m64n64k16_ss_bf16, "m64n64k16", 8, "bf16", [0, 1, 2, 3, 4, 5, 6, 7]
+    wgmma_m64n64k16_ss_bf16, "m64n64k16", 8, "bf16", "0, 0", [0, 1, 2, 3, 4, 5, 6, 7]
+);
+wgmma_ss!(
+    /// `m64n64k16`, f16 inputs, both operands MN-major (transposed).
+    wgmma_m64n64k16_ss_tt_f16, "m64n64k16", 8, "f16", "1, 1", [0, 1, 2, 3, 4, 5, 6, 7]
+);
+wgmma_ss!(
+    /// `m64n64k16`, bf16 inputs, both operands MN-major (transposed).
+    wgmma_m64n64k16_ss_tt_bf16, "m64n64k16", 8, "bf16", "1, 1", [0, 1, 2, 3, 4, 5, 6, 7]
 );
 wgmma_rs!(
     /// `m64n128k16`, f16 inputs, A from registers, B transposed.

@@ -1,0 +1,397 @@
+//! Backward attention on Hopper (sm_90a): the loop of [`super::flash_bwd`] (key tiles
+//! outside, query tiles inside, dK and dV on chip, dQ by f32 atomic adds) with its five
+//! products on `wgmma`, and the same masks, dropout and deterministic mode.
+//!
+//! Block: 256 threads, two warpgroups. The block owns `BN = 128` keys of one (KV head,
+//! batch), 64 per warpgroup: warp `w` holds keys `16w .. 16w + 16` in the `mma.m16n8k16`
+//! accumulator layout that `wgmma` shares (so the register-tile layer, masks and dropout are
+//! those of the `mma.sync` kernel). Query tiles have `BM` rows (128 at d = 64, 64 at
+//! d = 128: dK and dV take `D/2` f32 registers each per thread).
+//!
+//! ```text
+//! load Kⱼ, Vⱼ; dKⱼ = dVⱼ = 0                   cp.async; registers
+//! start loading query tile 0: Q, dO, LSE, D   cp.async into buffer 0
+//! for each query tile i (every query head of the group) that sees tile j:
+//!     wait; fence.proxy.async; bar.sync       (A) tile i visible; tile i−1 finished
+//!     start loading tile i+1                  into the other buffer
+//!     issue Sᵀ = Kⱼ·Qᵢᵀ, dPᵀ = Vⱼ·dOᵢᵀ          m64nBMk16, both operands K-major in shared
+//!                                             (BM = 128: dPᵀ only after Pᵀ, with dV)
+//!     wait for Sᵀ; Pᵀ = 2^(c·Sᵀ − LSE·log2 e)  hidden scores zeroed in edge tiles; dropout
+//!                                             marks dropped ones by their sign
+//!     issue dVⱼ += (Pᵀ ∘ Z)·dOᵢ                m64nDk16 (m64n64k16 per 64 columns below
+//!                                             d = 128), Pᵀ from registers, dO MN-major
+//!     wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢ)
+//!     issue dKⱼ += dSᵀ·Qᵢ                      as dV, Q MN-major
+//!     dSᵀ → shared; fence.proxy.async; bar.sync  (B) dSᵀ of both warpgroups complete
+//!     issue dQᵢ = dS·Kⱼ                        m64n64k16 per warpgroup, both operands
+//!                                             MN-major (dSᵀ read transposed): its 64 query
+//!                                             rows at d = 64, its 64 columns at d = 128
+//!     wait for all; dQ atomic adds            f32, into the block's accumulator
+//! write scale·dKⱼ and dVⱼ [·1/(1 − p)]
+//! ```
+//!
+//! Shared memory (dynamic, 1024-byte aligned; the layout and size of
+//! [`crate::config::BwdTile::smem_bytes`] with the head dim as pitch): K, V `[BN][D]`, two
+//! buffers of Q and of dO `[BM][D]`, dSᵀ `[BN][BM]`, all in the layout of [`crate::gmma`],
+//! then two buffers of LSE and D `[BM]` f32. Registers per thread: dK and dV `D/2` f32
+//! each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, dQ 32 f32. Sync points: two `bar.sync` per query
+//! tile, (A) and (B), one between key tiles; each warpgroup waits for its own products only.
+//! Writes the async proxy reads (the `cp.async` tiles, dSᵀ) are fenced by their writers
+//! (`fence.proxy.async`) before the barrier that publishes them.
+
+use super::stats::QueryStats;
+use super::{block_dq_accum, block_for, d_score, logits_and_grads, next_query_tile, store_dkv};
+use crate::device::dropout::{mark_dropped, rng_for};
+use crate::device::elem::Elem;
+use crate::device::frag::{AccTile, FragPos, NonNegative, PackedTile, RegFragments, ThreadPos};
+use crate::device::ptx;
+use crate::device::tile::GmmaTile;
+use crate::gmma::BLOCK_COLS;
+use crate::mask::AttnMask;
+use crate::params::BwdParams;
+
+/// Keys per block (two warpgroups of 64).
+pub const BN: usize = 128;
+/// Warps per block.
+pub const WARPS: usize = 8;
+/// Keys per warpgroup.
+const WG_KEYS: usize = 64;
+
+/// The backward kernel body on `wgmma`; see the module docs. Const parameters: `D` compiled
+/// head dim (64 or 128), `BM` query rows per step (`BM · D = 64 · 128`: each warpgroup's dQ
+/// is one 64 × 64 block), `D_TILES = D/8`, `Q_TILES = BM/8`, `DROPOUT`.
+///
+/// # Safety
+/// sm_90a only. Launched with grid `(blocks, heads_kv, batch)`, 256 threads and
+/// `BwdTile::smem_bytes()` bytes of dynamic shared memory, after the pre-pass wrote D and
+/// with the dQ accumulators zeroed, on parameters the host validated; in deterministic mode
+/// with `blocks` accumulators.
+#[inline(always)]
+pub unsafe fn flash_bwd_wgmma<
+    E: Elem,
+    M: AttnMask,
+    const D: usize,
+    const BM: usize,
+    const D_TILES: usize,
+    const Q_TILES: usize,
+    const DROPOUT: bool,
+>(
+    p: &BwdParams,
+) {
+    const {
+        assert!(D % BLOCK_COLS == 0 && D_TILES * 8 == D && Q_TILES * 8 == BM);
+        assert!((BM == 64 || BM == 128) && BM * D == 64 * 128);
+    };
+    let smem = Smem::<D, BM>::at(ptx::dyn_smem_base());
+    if smem.base % 1024 != 0 {
+        core::arch::nvptx::trap(); // the 128-byte swizzle's atoms are 1024-byte aligned
+    }
+    let (split, kv_head, batch) = ptx::ctaid();
+    let tiles = p.dims.seqlen_k.div_ceil(BN as u32);
+    let mut n = split;
+    while n < tiles {
+        if n != split {
+            ptx::bar_sync(); // every warp is done with the previous key tile's shared memory
+        }
+        key_tile::<E, M, D, BM, D_TILES, Q_TILES, DROPOUT>(p, smem, n, kv_head, batch);
+        n += ptx::nctaid_x();
+    }
+}
+
+/// One key tile `n` of the block: the loop of the module docs.
+#[inline(always)]
+unsafe fn key_tile<
+    E: Elem,
+    M: AttnMask,
+    const D: usize,
+    const BM: usize,
+    const D_TILES: usize,
+    const Q_TILES: usize,
+    const DROPOUT: bool,
+>(
+    p: &BwdParams,
+    smem: Smem<D, BM>,
+    n: u32,
+    kv_head: u32,
+    batch: u32,
+) {
+    let me = ThreadPos::current();
+    let dims = &p.dims;
+    let key0 = n * BN as u32;
+    let kv_block = block_for(p, batch, kv_head, kv_head * (dims.heads_q / dims.heads_kv));
+    let k_src = (p.k.ptr as *const u16).add(kv_block.key_offset(&p.k, key0) as usize);
+    let v_src = (p.v.ptr as *const u16).add(kv_block.key_offset(&p.v, key0) as usize);
+    let keys_left = dims.seqlen_k - key0;
+    smem.k()
+        .load_async::<WARPS>(k_src, p.k.strides.row, keys_left, dims.head_dim, me.tid);
+    smem.v()
+        .load_async::<WARPS>(v_src, p.v.strides.row, keys_left, dims.head_dim, me.tid);
+    let mut cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, None, n);
+    if let Some((head, i)) = cur {
+        smem.load_query_tile(p, &block_for(p, batch, kv_head, head), i, 0, me.tid);
+    }
+    ptx::cp_async_commit_group();
+    let warp = ptx::shfl_sync_idx_u32(me.warp, 0); // warp-uniform for ptxas
+    let wg = warp / 4;
+    let pos = FragPos::of(me.lane);
+    let warp_k0 = 16 * warp; // the warp's first key in the block
+    let mut dk = AccTile::<1, D_TILES>::zero();
+    let mut dv = AccTile::<1, D_TILES>::zero();
+    let mut buf = 0;
+    while let Some((head, i)) = cur {
+        let block = block_for(p, batch, kv_head, head);
+        let row0 = i * BM as u32;
+        ptx::cp_async_wait_group::<0>();
+        smem.stats().finish(buf, row0, dims.seqlen_q, me.tid);
+        ptx::fence_proxy_async_shared_cta(); // this thread's copies, for `wgmma`
+        ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
+        if let Some((h, i)) = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n) {
+            let next_block = block_for(p, batch, kv_head, h);
+            smem.load_query_tile(p, &next_block, i, buf ^ 1, me.tid);
+            ptx::cp_async_commit_group();
+        }
+        // The tiles' addresses made opaque per step: their `wgmma` descriptors (up to 64
+        // registers at d = 128) are recomputed where used, not hoisted out of the loop.
+        let smem = smem.opaque();
+        let (q, d_o, stats) = (smem.q(buf), smem.d_o(buf), smem.stats());
+        let mask = M::new(&p.mask, &block);
+        // Sᵀ and dPᵀ on the tensor cores; Pᵀ is computed while dPᵀ runs, except in 128-row
+        // query tiles, where dPᵀ's 64 accumulators live across that made ptxas spill: there
+        // dPᵀ is issued with dV.
+        let mut pt = AccTile::<1, Q_TILES>::zero();
+        let mut dpt = AccTile::<1, Q_TILES>::zero();
+        let overlap_dp = BM == 64;
+        ptx::wgmma_fence();
+        issue_scores::<E, D, BM, Q_TILES>(&mut pt, smem.k(), q, wg);
+        if overlap_dp {
+            issue_scores::<E, D, BM, Q_TILES>(&mut dpt, smem.v(), d_o, wg);
+            ptx::wgmma_wait_group::<1>();
+        } else {
+            ptx::wgmma_wait_group::<0>();
+        }
+        ptx::wgmma_fence_operands(pt.tiles_mut::<Q_TILES>(0, 0));
+        let key_base = key0 + warp_k0;
+        // Masks that modify scores: Sᵀ becomes the logits, and `grad` keeps d logit / d s.
+        let modifies = M::MODIFIES_SCORES && mask.modifies_scores();
+        let mut grad = AccTile::<1, Q_TILES>::zero();
+        if modifies {
+            let slope = M::slope(&p.mask, batch, head);
+            let at = (row0, key_base, pos);
+            if mask.capped() {
+                logits_and_grads::<M, true, Q_TILES>(&mut pt, &mut grad, &mask, slope, at);
+            } else {
+                logits_and_grads::<M, false, Q_TILES>(&mut pt, &mut grad, &mask, slope, at);
+            }
+        }
+        stats.probabilities(&mut pt, buf, pos, p.scale_log2);
+        if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
+            pt.for_each_mut(|_, r, nt, c, x| {
+                if !mask.visible(row0 + pos.col(nt, c), key_base + pos.row(0, r)) {
+                    *x = 0.0;
+                }
+            });
+        }
+        if DROPOUT {
+            let rng = rng_for(&p.dropout, batch, head, dims.heads_q);
+            mark_dropped(&rng, &mut pt, key_base, row0, pos);
+        }
+        let pt = PackedTile::pack::<E>(&pt);
+        ptx::wgmma_fence(); // Pᵀ's registers, written above
+        if !overlap_dp {
+            issue_scores::<E, D, BM, Q_TILES>(&mut dpt, smem.v(), d_o, wg);
+        }
+        if DROPOUT {
+            issue_rs::<E, _, D, BM, D_TILES>(&mut dv, &NonNegative(&pt), d_o);
+        } else {
+            issue_rs::<E, _, D, BM, D_TILES>(&mut dv, &pt, d_o);
+        }
+        ptx::wgmma_wait_group::<1>(); // dPᵀ (dV may still run)
+        ptx::wgmma_fence_operands(dpt.tiles_mut::<Q_TILES>(0, 0));
+        dpt.for_each_mut(|mt, r, nt, c, x| {
+            let prob = pt.get::<E>(mt, r, nt, c);
+            let delta = stats.delta(buf, pos.col(nt, c));
+            *x = d_score::<DROPOUT>(prob, *x, delta, p.dropout.scale);
+            if modifies {
+                *x *= grad.get(mt, r, nt, c);
+            }
+        });
+        let ds = PackedTile::pack::<E>(&dpt);
+        ptx::wgmma_fence();
+        issue_rs::<E, _, D, BM, D_TILES>(&mut dk, &ds, q);
+        for r in 0..2 {
+            for nt in 0..Q_TILES {
+                let key = warp_k0 + pos.row(0, r);
+                smem.ds().store_pair(key, pos.col(nt, 0), ds.pair(0, r, nt));
+            }
+        }
+        ptx::fence_proxy_async_shared_cta(); // dSᵀ, for `wgmma`
+        ptx::bar_sync(); // (B) dSᵀ complete
+                         // dQᵢ = dS·Kⱼ: warpgroup `wg` takes query rows 64·wg .. (BM = 128) or columns
+                         // 64·wg .. (D = 128) of the tile.
+        let (row_block, col_block) = if BM == 2 * WG_KEYS { (wg, 0) } else { (0, wg) };
+        let mut dq = AccTile::<1, { BLOCK_COLS / 8 }>::zero();
+        ptx::wgmma_fence();
+        for ks in 0..BN / 16 {
+            let a = smem.ds().mn_major(ks, row_block as usize);
+            let b = smem.k().mn_major(ks, col_block as usize);
+            E::wgmma_n64_ss_tt(dq.tiles_mut::<8>(0, 0), a, b, ks > 0);
+        }
+        ptx::wgmma_commit_group();
+        ptx::wgmma_wait_group::<0>();
+        ptx::wgmma_fence_operands(dq.tiles_mut::<8>(0, 0));
+        ptx::wgmma_fence_operands(dk.tiles_mut::<D_TILES>(0, 0));
+        ptx::wgmma_fence_operands(dv.tiles_mut::<D_TILES>(0, 0));
+        // The accumulator is padded to whole query tiles and the compiled head dim (see
+        // `BwdParams::dq_accum`): the adds need no bounds checks.
+        for r in 0..2 {
+            let row = 64 * row_block + 16 * (warp % 4) + pos.row(0, r);
+            let row_at = block.query_offset(&p.dq_accum, row0 + row);
+            let row_at = block_dq_accum(p).add(row_at as usize);
+            for nt in 0..BLOCK_COLS / 8 {
+                let col = 64 * col_block + pos.col(nt, 0);
+                let [x0, x1] = dq.pair(0, r, nt);
+                ptx::red_global_add_f32x2(row_at.add(col as usize), x0 * p.scale, x1 * p.scale);
+            }
+        }
+        cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);
+        buf ^= 1;
+    }
+    ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
+    store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key0 + warp_k0, 0, pos, &dk, &dv);
+}
+
+/// Issues and commits a warpgroup's `Sᵀ = K·Qᵀ` (or `dPᵀ = V·dOᵀ`): its 64 rows of `keys`
+/// (from `64·wg`) times the `BM` rows of `queries`, one `m64nBMk16` per 16 columns of the
+/// head dim, both operands K-major.
+#[inline(always)]
+unsafe fn issue_scores<E: Elem, const D: usize, const BM: usize, const QT: usize>(
+    acc: &mut AccTile<1, QT>,
+    keys: GmmaTile<BN, D>,
+    queries: GmmaTile<BM, D>,
+    wg: u32,
+) {
+    let row0 = WG_KEYS * wg as usize;
+    for ks in 0..D / 16 {
+        let (a, b) = (keys.k_major(row0, ks), queries.k_major(0, ks));
+        if BM == 128 {
+            E::wgmma_n128_ss(acc.tiles_mut::<16>(0, 0), a, b, ks > 0);
+        } else {
+            E::wgmma_n64_ss(acc.tiles_mut::<8>(0, 0), a, b, ks > 0);
+        }
+    }
+    ptx::wgmma_commit_group();
+}
+
+/// Issues and commits `acc += A·B` for a warpgroup: A (64 keys × the `BM` queries) from
+/// registers, B the `[BM][D]` tile read MN-major; one `m64n128k16` per 16 queries at
+/// d = 128, else one `m64n64k16` per 16 queries and 64 columns.
+#[inline(always)]
+unsafe fn issue_rs<
+    E: Elem,
+    A: RegFragments<1>,
+    const D: usize,
+    const BM: usize,
+    const DT: usize,
+>(
+    acc: &mut AccTile<1, DT>,
+    a: &A,
+    b: GmmaTile<BM, D>,
+) {
+    for kk in 0..BM / 16 {
+        let frag = a.a_fragment::<E>(0, kk);
+        if D == 2 * BLOCK_COLS {
+            E::wgmma_n128_rs(acc.tiles_mut::<16>(0, 0), frag, b.mn_major(kk, 0));
+        } else {
+            for cb in 0..D / BLOCK_COLS {
+                let part = acc.tiles_mut::<{ BLOCK_COLS / 8 }>(0, cb * BLOCK_COLS / 8);
+                E::wgmma_n64_rs(part, frag, b.mn_major(kk, cb));
+            }
+        }
+    }
+    ptx::wgmma_commit_group();
+}
+
+/// The block's shared memory; see the module docs.
+#[derive(Clone, Copy)]
+struct Smem<const D: usize, const BM: usize> {
+    base: u32,
+}
+
+impl<const D: usize, const BM: usize> Smem<D, BM> {
+    const KV: u32 = GmmaTile::<BN, D>::BYTES;
+    const QTILE: u32 = GmmaTile::<BM, D>::BYTES;
+
+    #[inline(always)]
+    fn at(base: u32) -> Self {
+        Self { base }
+    }
+
+    /// The same layout, its base opaque to the optimiser (see [`ptx::opaque_u32`]).
+    #[inline(always)]
+    fn opaque(self) -> Self {
+        // SAFETY: an empty asm on a register.
+        Self {
+            base: unsafe { ptx::opaque_u32(self.base) },
+        }
+    }
+
+    /// K.
+    #[inline(always)]
+    fn k(self) -> GmmaTile<BN, D> {
+        GmmaTile::at(self.base)
+    }
+
+    /// V.
+    #[inline(always)]
+    fn v(self) -> GmmaTile<BN, D> {
+        GmmaTile::at(self.base + Self::KV)
+    }
+
+    /// Q of buffer `buf`.
+    #[inline(always)]
+    fn q(self, buf: u32) -> GmmaTile<BM, D> {
+        GmmaTile::at(self.base + 2 * Self::KV + buf * Self::QTILE)
+    }
+
+    /// dO of buffer `buf`.
+    #[inline(always)]
+    fn d_o(self, buf: u32) -> GmmaTile<BM, D> {
+        GmmaTile::at(self.base + 2 * Self::KV + (2 + buf) * Self::QTILE)
+    }
+
+    /// dSᵀ `[BN][BM]`.
+    #[inline(always)]
+    fn ds(self) -> GmmaTile<BN, BM> {
+        GmmaTile::at(self.base + 2 * Self::KV + 4 * Self::QTILE)
+    }
+
+    /// LSE and D of both buffers.
+    #[inline(always)]
+    fn stats(self) -> QueryStats<BM> {
+        let ds = GmmaTile::<BN, BM>::BYTES;
+        QueryStats::at(self.base + 2 * Self::KV + 4 * Self::QTILE + ds)
+    }
+
+    /// Issues the copies of query tile `i` into buffer `buf`: Q and dO (rows past the
+    /// sequence zero-filled), LSE and D; the caller commits them.
+    #[inline(always)]
+    unsafe fn load_query_tile(
+        self,
+        p: &BwdParams,
+        block: &crate::block::BlockInfo,
+        i: u32,
+        buf: u32,
+        tid: u32,
+    ) {
+        let dims = &p.dims;
+        let row0 = i * BM as u32;
+        let rows_left = dims.seqlen_q - row0;
+        let q = (p.q.ptr as *const u16).add(block.query_offset(&p.q, row0) as usize);
+        let d_o = (p.d_o.ptr as *const u16).add(block.query_offset(&p.d_o, row0) as usize);
+        self.q(buf)
+            .load_async::<WARPS>(q, p.q.strides.row, rows_left, dims.head_dim, tid);
+        self.d_o(buf)
+            .load_async::<WARPS>(d_o, p.d_o.strides.row, rows_left, dims.head_dim, tid);
+        self.stats().load(p, block, row0, buf, tid);
+    }
+}
