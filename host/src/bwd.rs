@@ -17,7 +17,7 @@ use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
 use flash_attn_kernels::config::{bwd_aux_grid, BWD_AUX_THREADS};
 use flash_attn_kernels::params::{BwdParams, Strides, TensorRef};
-use flash_attn_kernels::registry::{self, KernelDType, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS};
+use flash_attn_kernels::registry::{self, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS};
 use std::sync::Arc;
 
 /// How the GPU backward sums dQ. dK and dV are deterministic in both modes (each is summed by
@@ -81,10 +81,7 @@ pub fn backward_kernel_name(
 ) -> Result<&'static str> {
     let dropout = params.active_dropout()?.is_some();
     let kernel = backward_kernel(dev, head_dim, params.mask_kind(), dropout)?;
-    Ok(kernel.name(match dtype {
-        DType::BF16 => KernelDType::Bf16,
-        _ => KernelDType::F16,
-    }))
+    Ok(kernel.name(dtype.kernel()?))
 }
 
 /// Largest grid y/z extent: KV heads and batch are mapped there.
@@ -247,10 +244,7 @@ fn run_backward<T: Element>(
     let d = shape.head_dim;
     let dropout = params.active_dropout()?;
     let kernel = backward_kernel(dev, d, params.mask_kind(), dropout.is_some())?;
-    let dtype = match T::DTYPE {
-        DType::BF16 => KernelDType::Bf16,
-        _ => KernelDType::F16,
-    };
+    let dtype = T::DTYPE.kernel()?;
     let tile = kernel.tile(dev.arch());
     let (scale_log2, scale) = (params.kernel_scale_log2(d)?, params.kernel_grad_scale(d)?);
     params.check_masks(shape.batch, shape.heads_q)?;

@@ -23,6 +23,7 @@ pub struct Device {
     force_ptx: bool,
     /// Which kernels the forward takes on Hopper ([`ForwardPath`] as a `u8`).
     forward_path: AtomicU8,
+    /// Which kernels the backward takes on Hopper ([`BackwardPath`] as a `u8`).
     backward_path: AtomicU8,
     /// The `wgmma` kernels' schedule (`FLASH_ATTN_WGMMA_PINGPONG`, read once).
     wgmma_schedule: u32,
@@ -182,9 +183,6 @@ impl Device {
         self.wgmma_schedule
     }
 
-    /// Whether a forward call takes Hopper's `wgmma` kernels (where the registry has one for
-    /// it), given whether it is long enough for them to pay (`long`, for
-    /// [`ForwardPath::Auto`]).
     /// Which kernels the backward takes on Hopper (see [`BackwardPath`]; from
     /// `FLASH_ATTN_BWD` at creation, `mma`, else automatic).
     pub fn backward_path(&self) -> BackwardPath {
@@ -205,6 +203,9 @@ impl Device {
         self.arch == Arch::Sm90a && self.backward_path() == BackwardPath::Auto
     }
 
+    /// Whether a forward call takes Hopper's `wgmma` kernels (where the registry has one for
+    /// it), given whether it is long enough for them to pay (`long`, for
+    /// [`ForwardPath::Auto`]).
     pub(crate) fn wgmma_forward(&self, long: bool) -> bool {
         self.arch == Arch::Sm90a
             && match self.forward_path() {

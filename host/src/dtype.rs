@@ -1,5 +1,7 @@
 //! Element types.
 
+use crate::error::{FlashError, Result};
+use flash_attn_kernels::registry::KernelDType;
 use half::{bf16, f16};
 
 /// Element type of a tensor.
@@ -21,6 +23,18 @@ impl DType {
         match self {
             DType::F16 | DType::BF16 => 2,
             DType::F32 | DType::I32 => 4,
+        }
+    }
+
+    /// The GPU kernels' element type for this one: f16 and bf16; [`FlashError::DType`] for
+    /// the others.
+    pub(crate) fn kernel(self) -> Result<KernelDType> {
+        match self {
+            DType::F16 => Ok(KernelDType::F16),
+            DType::BF16 => Ok(KernelDType::Bf16),
+            DType::F32 | DType::I32 => Err(FlashError::DType(
+                "the GPU kernels take f16 or bf16 (use the CPU backend for f32)".into(),
+            )),
         }
     }
 }

@@ -10,10 +10,10 @@ use flash_attn_kernels::config::{APPEND_THREADS, COMBINE_THREADS, MAX_DECODE_SPL
 use flash_attn_kernels::params::{
     AppendParams, CombineParams, DecodeParams, KvLayout, MaskArgs, RowStatsRef, SeqDims, TensorRef,
 };
-use flash_attn_kernels::registry::{self, KernelDType, MaskKind};
+use flash_attn_kernels::registry::{self, MaskKind};
 
 use crate::device::Device;
-use crate::dtype::{DType, Element};
+use crate::dtype::Element;
 use crate::error::{FlashError, Result};
 use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use crate::fwd::validate::check_dtype;
@@ -308,7 +308,7 @@ pub fn merge_attention_states<T: Element>(
         num_splits: 2,
         ..CombineParams::default()
     };
-    let name = registry::MERGE_KERNELS[kernel_dtype::<T>() as usize];
+    let name = registry::MERGE_KERNELS[T::DTYPE.kernel()? as usize];
     launch_combine(dev, name, b * h * n, padded_d, p)?;
     if let Some(packed) = &o_packed {
         scatter_output(dev, &o, packed, d, padded_d)?;
@@ -369,7 +369,7 @@ fn decode_kernel<T: Element>(head_dim: usize, mask: MaskKind) -> Result<DecodeKe
     }
     let row = registry::decode_kernel(head_dim, mask).ok_or(FlashError::HeadDim(head_dim))?;
     Ok(DecodeKernel {
-        name: row.name(kernel_dtype::<T>()),
+        name: row.name(T::DTYPE.kernel()?),
         row: *row,
     })
 }
@@ -413,13 +413,6 @@ pub fn auto_decode_splits<T: Element>(
     max_keys: usize,
 ) -> Result<usize> {
     decode_kernel::<T>(head_dim, MaskKind::Causal)?.auto_splits(dev, sizes, max_keys)
-}
-
-fn kernel_dtype<T: Element>() -> KernelDType {
-    match T::DTYPE {
-        DType::BF16 => KernelDType::Bf16,
-        _ => KernelDType::F16,
-    }
 }
 
 /// Everything [`run_decode`] needs besides O and LSE.
@@ -510,7 +503,7 @@ fn run_decode<T: Element>(
             lse_part: p.lse_part,
             ..CombineParams::default()
         };
-        let name = registry::DECODE_COMBINE_KERNELS[kernel_dtype::<T>() as usize];
+        let name = registry::DECODE_COMBINE_KERNELS[T::DTYPE.kernel()? as usize];
         launch_combine(dev, name, b * hq * nq, padded_d, c)?;
     }
     if let Some(packed) = &o_packed {

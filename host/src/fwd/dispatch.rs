@@ -3,7 +3,7 @@
 
 use flash_attn_kernels::arch::Arch;
 use flash_attn_kernels::config::FwdTile;
-use flash_attn_kernels::registry::{self, KernelDType, MaskKind};
+use flash_attn_kernels::registry::{self, MaskKind};
 
 use crate::dtype::DType;
 use crate::error::{FlashError, Result};
@@ -32,15 +32,7 @@ pub(crate) fn fwd_kernel(
     mask: MaskKind,
     dropout: bool,
 ) -> Result<FwdKernel> {
-    let dtype = match dtype {
-        DType::F16 => KernelDType::F16,
-        DType::BF16 => KernelDType::Bf16,
-        DType::F32 | DType::I32 => {
-            return Err(FlashError::DType(
-                "the GPU kernels take f16 or bf16 (use the CPU backend for f32)".into(),
-            ))
-        }
-    };
+    let dtype = dtype.kernel()?;
     let Some(k) = registry::fwd_kernel(head_dim, mask, dropout) else {
         return Err(FlashError::HeadDim(head_dim));
     };
