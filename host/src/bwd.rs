@@ -29,30 +29,11 @@ pub enum BwdMode {
     #[default]
     Fast,
     /// Bit-identical dQ, dK and dV run to run, whatever the number of blocks in flight: the
-    /// main kernel runs a fixed number of blocks per (batch, KV head), each walking its key
-    /// tiles in a fixed order and adding into its own f32 dQ accumulator, and the conversion
-    /// sums the accumulators in order (FlashAttention 2's scheme). Costs one f32 dQ-sized
-    /// accumulator per block of a (batch, KV head); see [`deterministic_splits`].
+    /// blocks add into the one f32 dQ accumulator of fast mode in turn, tile by tile, highest
+    /// key tile first, through one u32 turn counter per (batch, query head, query tile)
+    /// (FlashAttention 3's scheme). The blocks launch from the highest key tile down, so a
+    /// block only waits for blocks started before it.
     Deterministic,
-}
-
-/// Accumulator memory the deterministic mode aims to stay under (more splits fill the GPU
-/// better at small batch × heads, but each costs an f32 copy of dQ).
-const DETERMINISTIC_ACCUM_BUDGET: usize = 1 << 30;
-
-/// Blocks per (batch, KV head) in deterministic mode, each with its own f32 dQ accumulator:
-/// as many as fit on the SMs in one wave (`sms / (batch · heads_kv)`, rounded down: one more
-/// would start a second, mostly idle wave), at most one per key tile, and no more than keeps
-/// the accumulators within 1 GiB (at least one).
-pub fn deterministic_splits(
-    sms: usize,
-    batch_kv_heads: usize,
-    key_tiles: usize,
-    accum_bytes: usize,
-) -> usize {
-    let fill = sms / batch_kv_heads.max(1);
-    let budget = (DETERMINISTIC_ACCUM_BUDGET / accum_bytes.max(1)).max(1);
-    fill.min(key_tiles).min(budget).max(1)
 }
 
 /// The backward kernel row for a call: Hopper's `wgmma` kernel where the registry has one for
@@ -321,8 +302,7 @@ fn run_backward<T: Element>(
         scale_log2,
         scale,
         mask: mask.args,
-        dq_split_stride: 0,
-        dq_splits: 1,
+        dq_order: 0,
         reserved: 0,
         dropout: Default::default(),
     };
@@ -334,22 +314,21 @@ fn run_backward<T: Element>(
         let key_tiles = len_k.div_ceil(tile.block_n);
         // Whole query tiles and the compiled head dim: the main kernel's adds are unchecked.
         let (accum_rows, accum_d) = (len_q.div_ceil(tile.block_m) * tile.block_m, tile.head_dim);
-        let one_accum = run.count * accum_rows * hq * accum_d;
-        let splits = match mode {
-            BwdMode::Fast => 1,
-            BwdMode::Deterministic => deterministic_splits(
-                dev.sm_count(),
-                run.count * shape.heads_kv,
-                key_tiles,
-                one_accum * 4,
-            ),
-        };
         let dq_accum = match len_q {
             0 => None, // no query rows: the main kernel only writes dK = dV = 0
             _ => Some(DeviceTensor::<f32>::zeros(
                 dev,
-                &[splits, run.count, accum_rows, hq, accum_d],
+                &[run.count, accum_rows, hq, accum_d],
             )?),
+        };
+        // Deterministic mode's turn counters, one per (sequence, query head, query tile).
+        let query_tiles = accum_rows / tile.block_m;
+        let turns = match (mode, len_q) {
+            (BwdMode::Deterministic, 1..) => Some(DeviceTensor::<i32>::zeros(
+                dev,
+                &[run.count, hq, query_tiles],
+            )?),
+            _ => None,
         };
         let p = BwdParams {
             q: run.tensor(base.q, true),
@@ -365,9 +344,9 @@ fn run_backward<T: Element>(
                 TensorRef {
                     ptr: a.device_address(dev),
                     strides: Strides {
-                        batch: st[1] as u64,
-                        row: st[2] as u64,
-                        head: st[3] as u64,
+                        batch: st[0] as u64,
+                        row: st[1] as u64,
+                        head: st[2] as u64,
                     },
                 }
             }),
@@ -375,11 +354,7 @@ fn run_backward<T: Element>(
             delta: run.stats(base.delta),
             dims: run.dims(shape, padded_d),
             mask: run.mask(base.mask),
-            dq_split_stride: match mode {
-                BwdMode::Fast => 0,
-                BwdMode::Deterministic => one_accum as u64,
-            },
-            dq_splits: splits as u32,
+            dq_order: turns.as_ref().map_or(0, |t| t.device_address(dev)),
             dropout: run.dropout(dropout),
             ..base
         };
@@ -399,13 +374,8 @@ fn run_backward<T: Element>(
                 )?;
             }
             if len_k > 0 {
-                // Fast: one block per key tile. Deterministic: `splits` blocks, each over key
-                // tiles `x, x + splits, …` (see `BwdMode`).
-                let blocks = match mode {
-                    BwdMode::Fast => key_tiles,
-                    BwdMode::Deterministic => splits,
-                };
-                let grid = (blocks as u32, shape.heads_kv as u32, run.count as u32);
+                // One block per key tile (in deterministic mode from the last tile down).
+                let grid = (key_tiles as u32, shape.heads_kv as u32, run.count as u32);
                 launch(
                     dev,
                     kernel.name(dtype),
@@ -421,7 +391,7 @@ fn run_backward<T: Element>(
                 launch(dev, convert, aux_grid, threads, 0, p)?;
             }
         }
-        accums.push(dq_accum);
+        accums.push((dq_accum, turns));
     }
     for (out, packed) in [(&*dq, &dq_packed), (&*dk, &dk_packed), (&*dv, &dv_packed)] {
         if let Some(packed) = packed {
@@ -430,22 +400,4 @@ fn run_backward<T: Element>(
     }
     // The temporaries are freed in stream order, after the launches that use them.
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::deterministic_splits;
-
-    #[test]
-    fn deterministic_splits_fill_the_gpu_within_the_budget() {
-        // 132 SMs, 16 (batch, KV head) pairs: 8 blocks each (128 blocks, one wave).
-        assert_eq!(deterministic_splits(132, 16, 100, 1 << 20), 8);
-        // Never more blocks than key tiles, never fewer than one.
-        assert_eq!(deterministic_splits(132, 1, 3, 1 << 20), 3);
-        assert_eq!(deterministic_splits(132, 1000, 100, 1 << 20), 1);
-        assert_eq!(deterministic_splits(132, 1, 0, 1 << 20), 1);
-        // One head at N = 64K, d = 128: 32 MiB per accumulator, so 32 within 1 GiB.
-        assert_eq!(deterministic_splits(132, 1, 512, 32 << 20), 32);
-        assert_eq!(deterministic_splits(132, 1, 512, 2 << 30), 1);
-    }
 }

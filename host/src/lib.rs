@@ -26,7 +26,7 @@ pub mod timing;
 pub mod tree;
 
 pub use bwd::{
-    backward_kernel_name, deterministic_splits, flash_attn_backward, flash_attn_backward_into,
+    backward_kernel_name, flash_attn_backward, flash_attn_backward_into,
     flash_attn_varlen_backward, flash_attn_varlen_backward_into, BwdMode,
 };
 pub use decode::{

@@ -971,6 +971,15 @@ mod tests {
                 assert_eq!(m.query_tile_at_or_after(i, bm, n, bn), scan, "n={n} i={i}");
             }
         }
+        // The deterministic backward passes dQ's turn along `key_tiles`: it must hold exactly
+        // the key tiles whose walk visits the query tile.
+        for i in 0..tiles {
+            let chain: std::vec::Vec<u32> = m.key_tiles(i * bm, bm, bn).collect();
+            for n in 0..nk.div_ceil(bn) {
+                let visits = m.query_tile_at_or_after(i, bm, n, bn) == Some(i);
+                assert_eq!(chain.contains(&n), visits, "n={n} i={i}");
+            }
+        }
     }
 
     /// Brute force for the tree mask: random ancestor sets, prefixes and causal on or off; the

@@ -237,8 +237,10 @@ fn head_dims_above_256_are_typed_errors() {
 }
 
 /// Deterministic mode: 100 runs give bit-identical dQ, dK and dV, with GQA, on a shape whose
-/// grid fills the GPU (16 (batch, KV head) pairs × enough blocks each for one per SM, each
-/// block walking several key tiles).
+/// grid fills the GPU many times over (4 × 4 (batch, KV head) pairs × 16 key tiles), causal
+/// (the blocks reach a query tile in turn), not causal (they all start at the first one) and
+/// with a sliding window and a softcap (the general mask's kernel; on Hopper `mma.sync` with
+/// dQ through the bulk engine).
 #[test]
 fn deterministic_mode_is_bit_identical_over_100_runs() {
     let Some(dev) = device() else { return };
@@ -250,9 +252,13 @@ fn deterministic_mode_is_bit_identical_over_100_runs() {
         heads_kv: 4,
         head_dim: 128,
     };
-    let params = AttnParams {
+    let causal = AttnParams {
         causal: true,
-        softmax_scale: None,
+        ..AttnParams::default()
+    };
+    let windowed = AttnParams {
+        window: Some((300, 0)),
+        softcap: Some(30.0),
         ..AttnParams::default()
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
@@ -260,30 +266,32 @@ fn deterministic_mode_is_bit_identical_over_100_runs() {
     let d_o = random_array::<bf16>(&mut rng, shape.q_dims(), 1.0);
     let up = |a: &ndarray::Array4<bf16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
     let (qd, kd, vd, dod) = (up(&q), up(&k), up(&v), up(&d_o));
-    let (o, lse) = flash_attn(dev, &qd, &kd, &vd, &params).unwrap();
     let bits = |t: &DeviceTensor<bf16>| -> Vec<u16> {
         download4(dev, t).iter().map(|x| x.to_bits()).collect()
     };
-    let mut first: Option<[Vec<u16>; 3]> = None;
-    for run in 0..100 {
-        let (dq, dk, dv) = flash_attn::flash_attn_backward(
-            dev,
-            &qd,
-            &kd,
-            &vd,
-            &o,
-            &dod,
-            &lse,
-            &params,
-            BwdMode::Deterministic,
-        )
-        .unwrap();
-        let now = [bits(&dq), bits(&dk), bits(&dv)];
-        match &first {
-            None => first = Some(now),
-            Some(f) => {
-                for (i, name) in ["dQ", "dK", "dV"].into_iter().enumerate() {
-                    assert!(f[i] == now[i], "{name} differs in run {run}");
+    for params in [causal, AttnParams::default(), windowed] {
+        let (o, lse) = flash_attn(dev, &qd, &kd, &vd, &params).unwrap();
+        let mut first: Option<[Vec<u16>; 3]> = None;
+        for run in 0..100 {
+            let (dq, dk, dv) = flash_attn::flash_attn_backward(
+                dev,
+                &qd,
+                &kd,
+                &vd,
+                &o,
+                &dod,
+                &lse,
+                &params,
+                BwdMode::Deterministic,
+            )
+            .unwrap();
+            let now = [bits(&dq), bits(&dk), bits(&dv)];
+            match &first {
+                None => first = Some(now),
+                Some(f) => {
+                    for (i, name) in ["dQ", "dK", "dV"].into_iter().enumerate() {
+                        assert!(f[i] == now[i], "{name} differs in run {run} ({params:?})");
+                    }
                 }
             }
         }

@@ -6,12 +6,11 @@ use super::{DropoutArgs, MaskArgs, RowStatsRef, SeqDims, TensorRef};
 ///
 /// Q, O, dO and dQ are `[batch, seqlen_q, heads_q, head_dim]`; K, V, dK and dV are
 /// `[batch, seqlen_k, heads_kv, head_dim]`, all 16-bit. LSE and D (= rowsum(dO ∘ O)) are f32
-/// `[batch, heads_q, seqlen_q]`. `dq_accum` is `dq_splits` f32 `[batch, seqlen_q_padded,
-/// heads_q, kernel_head_dim]` accumulators, `dq_split_stride` elements apart (strides in f32
-/// elements), with `seqlen_q` rounded up to whole query tiles (`BwdTile::block_m`) and the
-/// head dim the kernel's compiled one (`BwdTile::head_dim`): the main kernel adds whole tiles
-/// without bounds checks. They must be zero before the main kernel: block `x` of the main kernel adds into accumulator
-/// `x` (all into the first when the stride is 0), and the conversion sums them in order.
+/// `[batch, heads_q, seqlen_q]`. `dq_accum` is the f32 `[batch, seqlen_q_padded, heads_q,
+/// kernel_head_dim]` accumulator (strides in f32 elements), with `seqlen_q` rounded up to
+/// whole query tiles (`BwdTile::block_m`) and the head dim the kernel's compiled one
+/// (`BwdTile::head_dim`): the main kernel adds whole tiles without bounds checks. It must be
+/// zero before the main kernel, as must the deterministic mode's turn counters.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct BwdParams {
@@ -46,12 +45,12 @@ pub struct BwdParams {
     pub scale: f32,
     /// Mask arguments.
     pub mask: MaskArgs,
-    /// f32 elements between two dQ accumulators; 0: every block adds into the first.
-    pub dq_split_stride: u64,
-    /// Number of dQ accumulators the conversion sums (1 in fast mode).
-    pub dq_splits: u32,
-    /// Keeps the size a multiple of 8 bytes.
-    pub reserved: u32,
+    /// Deterministic mode: device address of the u32 turn counters `[batch, heads_q,
+    /// ⌈seqlen_q / block_m⌉]` (zeroed; the blocks add to each query tile of dQ in turn, see
+    /// the kernel docs); 0 in fast mode (atomic adds in any order).
+    pub dq_order: u64,
+    /// Unused; keeps the layout.
+    pub reserved: u64,
     /// Dropout arguments (read by the dropout kernels only).
     pub dropout: DropoutArgs,
 }

@@ -29,21 +29,26 @@
 //! write scale·dKⱼ and dVⱼ [·1/(1 − p)]
 //! ```
 //!
-//! Blocks take key tiles `blockIdx.x`, `+ gridDim.x`, …: in fast mode one each, all adding
-//! into one dQ accumulator; in deterministic mode each block adds into its own accumulator
-//! (`BwdParams::dq_split_stride`), each dQ element always from the same thread in the same
-//! order (a staged row's bulk add completes before the same thread starts the next one), and
-//! the conversion kernel sums the accumulators in a fixed order.
+//! One block per key tile, all adding into one f32 dQ accumulator. In deterministic mode the
+//! blocks add to each query tile in turn, highest key tile first (`order`). Thread 0 looks up
+//! the turns after (A), where the fewest registers are live: it opens tile i's turn if the
+//! block is the first to add to it and, without the stage, waits for the turn there (its
+//! warp starts the step late; the wait before (B) that the `wgmma` kernel uses made ptxas
+//! spill here) and passes it after a barrier that follows the adds (a third barrier per
+//! step); with the stage it waits before (A), whose flush is the add, and passes the turn
+//! after (B), once the flush completed. Each dQ element of a block comes from one thread.
 //!
 //! Shared memory (see [`crate::config::BwdTile::smem_bytes`]): K, V `[BN][PITCH]`, two
 //! buffers of Q, dO `[BM][PITCH]`, dSᵀ `[BN][BM]` (all swizzled, 16-bit), two buffers of LSE
 //! and D `[BM]` f32, and with `STAGED_DQ` the dQ stage `[BM][D + 8]` f32 (its first row's
-//! padding records which query tile it holds). Registers per thread: dK and dV
+//! padding records which query tile it holds, and in deterministic mode the turns to pass).
+//! Registers per thread: dK and dV
 //! `D/(2·D_SPLIT)` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, a dQ slice of `DQ_TILES·4` f32.
-//! Sync points: two `bar.sync` per query tile, (A) and (B) above; one between key tiles, and
-//! with `STAGED_DQ` one more at the end of each key tile. The stage's writers fence it for the
+//! Sync points: two `bar.sync` per query tile, (A) and (B) above (three in deterministic mode
+//! without the stage), and with `STAGED_DQ` one more at the end (two in deterministic mode). The stage's writers fence it for the
 //! bulk engine (`fence.proxy.async`) before the barrier that precedes its bulk add.
 
+mod order;
 mod passes;
 mod stats;
 #[cfg(flash_arch = "sm90a")]
@@ -76,10 +81,10 @@ use crate::params::BwdParams;
 /// one [`crate::config::BwdTile`] and checked here.
 ///
 /// # Safety
-/// Launched with grid `(blocks, heads_kv, batch)`, `32·WARPS` threads and
+/// Launched with grid `(key tiles, heads_kv, batch)`, `32·WARPS` threads and
 /// `BwdTile::smem_bytes()` bytes of dynamic shared memory, after the pre-pass wrote D and with
-/// the dQ accumulators zeroed, on parameters the host validated; in deterministic mode with
-/// `blocks` accumulators.
+/// the dQ accumulator (and in deterministic mode the turn counters) zeroed, on parameters
+/// the host validated.
 #[inline(always)]
 pub unsafe fn flash_bwd<
     E: Elem,
@@ -110,34 +115,26 @@ pub unsafe fn flash_bwd<
         assert!(DQ_COL_TILES % DQ_TILES == 0 && DQ_TILES % 2 == 0);
         assert!(Q_TILES % DP_TILES == 0 && DP_TILES % 2 == 0);
     };
-    let (split, kv_head, batch) = ptx::ctaid();
-    let tiles = p.dims.seqlen_k.div_ceil(BN as u32);
-    let mut n = split;
-    while n < tiles {
-        if n != split {
-            ptx::bar_sync(); // every warp is done with the previous key tile's shared memory
-        }
-        key_tile::<
-            E,
-            M,
-            D,
-            PITCH,
-            BN,
-            BM,
-            WARPS,
-            D_SPLIT,
-            K_STEPS,
-            DKV_TILES,
-            Q_TILES,
-            KEY_STEPS,
-            DQ_COL_TILES,
-            DQ_TILES,
-            DP_TILES,
-            STAGED_DQ,
-            DROPOUT,
-        >(p, n, kv_head, batch);
-        n += ptx::nctaid_x();
-    }
+    let (_, kv_head, batch) = ptx::ctaid();
+    key_tile::<
+        E,
+        M,
+        D,
+        PITCH,
+        BN,
+        BM,
+        WARPS,
+        D_SPLIT,
+        K_STEPS,
+        DKV_TILES,
+        Q_TILES,
+        KEY_STEPS,
+        DQ_COL_TILES,
+        DQ_TILES,
+        DP_TILES,
+        STAGED_DQ,
+        DROPOUT,
+    >(p, order::block_key_tile::<BN>(p), kv_head, batch);
 }
 
 /// One key tile `n` of the block: the loop of the module docs.
@@ -191,13 +188,16 @@ unsafe fn key_tile<
     let mut dv = AccTile::<1, DKV_TILES>::zero();
     let mut buf = 0;
     if STAGED_DQ && me.tid == 0 {
-        smem.set_staged_tile::<D>(None); // published by barrier (A)
+        smem.set_staged_tile::<D>(None, 0); // published by barrier (A)
     }
     while let Some((head, i)) = cur {
         let block = block_for(p, batch, kv_head, head);
         let row0 = i * BM as u32;
         ptx::cp_async_wait_group::<0>();
         smem.stats.finish(buf, row0, dims.seqlen_q, me.tid);
+        if STAGED_DQ && me.tid == 0 && order::ordered(p) {
+            smem.wait_for_staged_turn::<D>(p, batch, n); // before its flush
+        }
         ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
         if STAGED_DQ {
             smem.flush_dq::<D>(p, batch, kv_head, me.tid);
@@ -210,6 +210,20 @@ unsafe fn key_tile<
         }
         let (q, d_o) = (smem.q(buf), smem.d_o(buf));
         let mask = M::new(&p.mask, &block);
+        if me.tid == 0 && order::ordered(p) {
+            order::open_turn::<M, BM, BN>(p, &mask, (batch, head, i), n);
+            if STAGED_DQ {
+                // The turn tile i passes on once flushed, kept until the stage records it.
+                let next = order::next_in_turn::<M, BM, BN>(&mask, i, n);
+                ptx::st_shared_u32(smem.dq_stage_addr::<D>(0, D as u32 + 3), next);
+            } else {
+                order::wait_for_turn::<BM>(p, batch, head, i, n);
+            }
+        }
+        let next_turn = match !STAGED_DQ && me.tid == 0 && order::ordered(p) {
+            true => order::next_in_turn::<M, BM, BN>(&mask, i, n),
+            false => 0,
+        };
         let step_lanes = lanes.step_local();
         // The thread's fragment position and its warp's roles, from the thread index made
         // opaque per step: what derives from them (dSᵀ store addresses, dQ rows, column
@@ -298,9 +312,15 @@ unsafe fn key_tile<
         }
         if STAGED_DQ {
             ptx::cp_async_bulk_wait_group::<0>(); // the stage's last flush is done
+            if order::ordered(p) {
+                ptx::fence_proxy_async_global(); // its adds, before the turn passes
+            }
         }
         ptx::bar_sync(); // (B) dSᵀ complete; the dQ stage free
-                         // dQᵢ (the warp's 16 rows, its column slice) += scale·dS·Kⱼ, `DQ_TILES` at a time.
+        if STAGED_DQ && me.tid == 0 && order::ordered(p) {
+            smem.pass_staged_turn::<D>(p, batch); // the tile flushed at (A)
+        }
+        // dQᵢ (the warp's 16 rows, its column slice) += scale·dS·Kⱼ, `DQ_TILES` at a time.
         let ds_rows = SmemCols {
             tile: smem.ds,
             m0: dq_r0,
@@ -318,7 +338,7 @@ unsafe fn key_tile<
             for r in 0..2 {
                 let row = dq_r0 as u32 + pos_s.row(0, r);
                 let row_at = block.query_offset(&p.dq_accum, row0 + row);
-                let row_at = block_dq_accum(p).add(row_at as usize);
+                let row_at = (p.dq_accum.ptr as *mut f32).add(row_at as usize);
                 for dt in 0..DQ_TILES {
                     let col = 16 * dq_pair0 as u32 + pos_s.col(chunk * DQ_TILES + dt, 0);
                     let [x0, x1] = dq.pair(0, r, dt);
@@ -334,7 +354,13 @@ unsafe fn key_tile<
         if STAGED_DQ {
             ptx::fence_proxy_async_shared_cta(); // the stage, for the bulk engine
             if me.tid == 0 {
-                smem.set_staged_tile::<D>(Some((head, i)));
+                let next = ptx::ld_shared_u32(smem.dq_stage_addr::<D>(0, D as u32 + 3));
+                smem.set_staged_tile::<D>(Some((head, i)), next);
+            }
+        } else if order::ordered(p) {
+            ptx::bar_sync(); // every warp's adds to tile i are done
+            if me.tid == 0 {
+                order::pass_turn_to::<BM>(p, (batch, head, i), next_turn);
             }
         }
         cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);
@@ -342,9 +368,19 @@ unsafe fn key_tile<
     }
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
     if STAGED_DQ {
+        if me.tid == 0 && order::ordered(p) {
+            smem.wait_for_staged_turn::<D>(p, batch, n);
+        }
         ptx::bar_sync(); // every warp's part of the last tile's dQ is staged
         smem.flush_dq::<D>(p, batch, kv_head, me.tid);
         ptx::cp_async_bulk_wait_group::<0>(); // before the stage is reused or the block ends
+        if order::ordered(p) {
+            ptx::fence_proxy_async_global();
+            ptx::bar_sync(); // every row of the last tile added
+            if me.tid == 0 {
+                smem.pass_staged_turn::<D>(p, batch);
+            }
+        }
     }
     let WarpRoles {
         warp_k0, dkv_pair0, ..
@@ -401,14 +437,6 @@ fn d_score<const DROPOUT: bool>(prob: f32, dp: f32, delta: f32, keep_scale: f32)
         true => prob * delta,
         false => prob * (dp - delta),
     }
-}
-
-/// The dQ accumulator this block adds into: `blockIdx.x`'s in deterministic mode, else the
-/// only one (recomputed where used rather than kept in registers through the loops).
-#[inline(always)]
-unsafe fn block_dq_accum(p: &BwdParams) -> *mut f32 {
-    let split = ptx::ctaid().0;
-    (p.dq_accum.ptr as *mut f32).add((split as u64 * p.dq_split_stride) as usize)
 }
 
 /// What one warp of the block owns: its 16 keys (from `warp_k0`) and slice of dK/dV columns
@@ -561,12 +589,41 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
     }
 
     /// Records which query tile `(head, i)` the stage holds (`None`: none) in the padding of
-    /// the stage's first row (kept there, not in registers, through the loop).
+    /// the stage's first row (kept there, not in registers, through the loop), and in
+    /// deterministic mode the turn to pass once it is added ([`order::next_in_turn`]).
     #[inline(always)]
-    unsafe fn set_staged_tile<const D: usize>(&self, tile: Option<(u32, u32)>) {
+    unsafe fn set_staged_tile<const D: usize>(&self, tile: Option<(u32, u32)>, next: u32) {
         let (head, i) = tile.unwrap_or((0, u32::MAX));
         ptx::st_shared_u32(self.dq_stage_addr::<D>(0, D as u32), head);
         ptx::st_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 1), i);
+        ptx::st_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 2), next);
+    }
+
+    /// The query tile `(head, i)` the stage holds, if any.
+    #[inline(always)]
+    unsafe fn staged_tile<const D: usize>(&self) -> Option<(u32, u32)> {
+        let head = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32));
+        let i = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 1));
+        (i != u32::MAX).then_some((head, i))
+    }
+
+    /// Deterministic mode, thread 0, before the barrier that precedes [`Self::flush_dq`]:
+    /// waits for the staged tile's turn ([`order::wait_for_turn`]).
+    #[inline(always)]
+    unsafe fn wait_for_staged_turn<const D: usize>(&self, p: &BwdParams, batch: u32, n: u32) {
+        if let Some((head, i)) = self.staged_tile::<D>() {
+            order::wait_for_turn::<BM>(p, batch, head, i, n);
+        }
+    }
+
+    /// Deterministic mode, thread 0, after a barrier that follows the completion of the
+    /// staged tile's flush (and before the stage records the next tile): passes its turn.
+    #[inline(always)]
+    unsafe fn pass_staged_turn<const D: usize>(&self, p: &BwdParams, batch: u32) {
+        if let Some((head, i)) = self.staged_tile::<D>() {
+            let next = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 2));
+            order::pass_turn_to::<BM>(p, (batch, head, i), next);
+        }
     }
 
     /// Starts adding the staged dQ tile, if any, into the accumulator: thread `tid < BM`
@@ -575,12 +632,11 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
     #[inline(always)]
     unsafe fn flush_dq<const D: usize>(&self, p: &BwdParams, batch: u32, kv_head: u32, tid: u32) {
         if (tid as usize) < BM {
-            let head = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32));
-            let i = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 1));
-            if i != u32::MAX {
+            if let Some((head, i)) = self.staged_tile::<D>() {
                 let block = block_for(p, batch, kv_head, head);
                 let row = i * BM as u32 + tid;
-                let dst = block_dq_accum(p).add(block.query_offset(&p.dq_accum, row) as usize);
+                let dst =
+                    (p.dq_accum.ptr as *mut f32).add(block.query_offset(&p.dq_accum, row) as usize);
                 let src = self.dq_stage_addr::<D>(tid, 0);
                 ptx::cp_reduce_async_bulk_add_f32(dst, src, 4 * D as u32);
                 ptx::cp_async_bulk_commit_group();

@@ -132,8 +132,7 @@ pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
     }
 }
 
-/// `dq[b, i, h, c] = Σ_s dq_accum_s[b, i, h, c]` rounded to `E`, 8 elements per lane; the
-/// `dq_splits` accumulators are summed in order (deterministic).
+/// `dq[b, i, h, c] = dq_accum[b, i, h, c]` rounded to `E`, 8 elements per lane.
 ///
 /// # Safety
 /// `p` describes live dQ and dQ-accumulator tensors with 16-byte aligned rows and a head dim
@@ -145,19 +144,10 @@ pub unsafe fn bwd_convert_dq<E: Elem>(p: &BwdParams) {
             return;
         }
         let at = p.dq_accum.strides.offset(batch, row, head) + col0 as u64;
-        let mut src = (p.dq_accum.ptr as *const f32).add(at as usize) as *const Vec16;
-        let mut x = [0.0f32; 8];
-        for s in 0..p.dq_splits {
-            if s > 0 {
-                src = (src as *const f32).add(p.dq_split_stride as usize) as *const Vec16;
-            }
-            let (a, b) = (*src, *src.add(1));
-            for k in 0..4 {
-                x[k] += f32::from_bits(a.0[k]);
-                x[4 + k] += f32::from_bits(b.0[k]);
-            }
-        }
-        let packed = Vec16(core::array::from_fn(|k| E::pack(x[2 * k], x[2 * k + 1])));
+        let src = (p.dq_accum.ptr as *const f32).add(at as usize) as *const Vec16;
+        let (a, b) = (*src, *src.add(1));
+        let x = |k: usize| f32::from_bits(if k < 4 { a.0[k] } else { b.0[k - 4] });
+        let packed = Vec16(core::array::from_fn(|k| E::pack(x(2 * k), x(2 * k + 1))));
         let dst = (p.dq.ptr as *mut u16)
             .add((p.dq.strides.offset(batch, row, head) + col0 as u64) as usize);
         *(dst as *mut Vec16) = packed;

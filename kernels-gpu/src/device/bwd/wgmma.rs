@@ -26,7 +26,9 @@
 //!     issue dQᵢ = dS·Kⱼ                        m64n64k16 per warpgroup, both operands
 //!                                             MN-major (dSᵀ read transposed): its 64 query
 //!                                             rows at d = 64, its 64 columns at d = 128
-//!     wait for all; dQ atomic adds            f32, into the block's accumulator
+//!     wait for all; dQ atomic adds            f32, into the accumulator (deterministic
+//!                                             mode: in turn, see `order`: thread 0 waits
+//!                                             before (B), passes after a barrier)
 //! write scale·dKⱼ and dVⱼ [·1/(1 − p)]
 //! ```
 //!
@@ -35,12 +37,13 @@
 //! buffers of Q and of dO `[BM][D]`, dSᵀ `[BN][BM]`, all in the layout of [`crate::gmma`],
 //! then two buffers of LSE and D `[BM]` f32. Registers per thread: dK and dV `D/2` f32
 //! each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, dQ 32 f32. Sync points: two `bar.sync` per query
-//! tile, (A) and (B), one between key tiles; each warpgroup waits for its own products only.
+//! tile, (A) and (B), and in deterministic mode a third after the dQ adds; each warpgroup
+//! waits for its own products only.
 //! Writes the async proxy reads (the `cp.async` tiles, dSᵀ) are fenced by their writers
 //! (`fence.proxy.async`) before the barrier that publishes them.
 
 use super::stats::QueryStats;
-use super::{block_dq_accum, block_for, d_score, logits_and_grads, next_query_tile, store_dkv};
+use super::{block_for, d_score, logits_and_grads, next_query_tile, order, store_dkv};
 use crate::device::dropout::{mark_dropped, rng_for};
 use crate::device::elem::Elem;
 use crate::device::frag::{AccTile, FragPos, NonNegative, PackedTile, RegFragments, ThreadPos};
@@ -64,8 +67,8 @@ const WG_KEYS: usize = 64;
 /// # Safety
 /// sm_90a only. Launched with grid `(blocks, heads_kv, batch)`, 256 threads and
 /// `BwdTile::smem_bytes()` bytes of dynamic shared memory, after the pre-pass wrote D and
-/// with the dQ accumulators zeroed, on parameters the host validated; in deterministic mode
-/// with `blocks` accumulators.
+/// with the dQ accumulator (and in deterministic mode the turn counters) zeroed, on
+/// parameters the host validated; one block per key tile.
 #[inline(always)]
 pub unsafe fn flash_bwd_wgmma<
     E: Elem,
@@ -86,16 +89,9 @@ pub unsafe fn flash_bwd_wgmma<
     if smem.base % 1024 != 0 {
         core::arch::nvptx::trap(); // the 128-byte swizzle's atoms are 1024-byte aligned
     }
-    let (split, kv_head, batch) = ptx::ctaid();
-    let tiles = p.dims.seqlen_k.div_ceil(BN as u32);
-    let mut n = split;
-    while n < tiles {
-        if n != split {
-            ptx::bar_sync(); // every warp is done with the previous key tile's shared memory
-        }
-        key_tile::<E, M, D, BM, D_TILES, Q_TILES, DROPOUT>(p, smem, n, kv_head, batch);
-        n += ptx::nctaid_x();
-    }
+    let (_, kv_head, batch) = ptx::ctaid();
+    let n = order::block_key_tile::<BN>(p);
+    key_tile::<E, M, D, BM, D_TILES, Q_TILES, DROPOUT>(p, smem, n, kv_head, batch);
 }
 
 /// One key tile `n` of the block: the loop of the module docs.
@@ -155,6 +151,9 @@ unsafe fn key_tile<
         let smem = smem.opaque();
         let (q, d_o, stats) = (smem.q(buf), smem.d_o(buf), smem.stats());
         let mask = M::new(&p.mask, &block);
+        if me.tid == 0 && order::ordered(p) {
+            order::open_turn::<M, BM, BN>(p, &mask, (batch, head, i), n);
+        }
         // Sᵀ and dPᵀ on the tensor cores; Pᵀ is computed while dPᵀ runs, except in 128-row
         // query tiles, where dPᵀ's 64 accumulators live across that made ptxas spill: there
         // dPᵀ is issued with dV.
@@ -225,6 +224,9 @@ unsafe fn key_tile<
             }
         }
         ptx::fence_proxy_async_shared_cta(); // dSᵀ, for `wgmma`
+        if me.tid == 0 && order::ordered(p) {
+            order::wait_for_turn::<BM>(p, batch, head, i, n);
+        }
         ptx::bar_sync(); // (B) dSᵀ complete
                          // dQᵢ = dS·Kⱼ: warpgroup `wg` takes query rows 64·wg .. (BM = 128) or columns
                          // 64·wg .. (D = 128) of the tile.
@@ -246,11 +248,17 @@ unsafe fn key_tile<
         for r in 0..2 {
             let row = 64 * row_block + 16 * (warp % 4) + pos.row(0, r);
             let row_at = block.query_offset(&p.dq_accum, row0 + row);
-            let row_at = block_dq_accum(p).add(row_at as usize);
+            let row_at = (p.dq_accum.ptr as *mut f32).add(row_at as usize);
             for nt in 0..BLOCK_COLS / 8 {
                 let col = 64 * col_block + pos.col(nt, 0);
                 let [x0, x1] = dq.pair(0, r, nt);
                 ptx::red_global_add_f32x2(row_at.add(col as usize), x0 * p.scale, x1 * p.scale);
+            }
+        }
+        if order::ordered(p) {
+            ptx::bar_sync(); // every warp's adds to tile i are done
+            if me.tid == 0 {
+                order::pass_turn::<M, BM, BN>(p, &mask, (batch, head, i), n);
             }
         }
         cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);

@@ -32,3 +32,26 @@ pub unsafe fn red_global_add_f32x2(addr: *mut f32, a: f32, b: f32) {
         red_global_add_f32(addr.add(1), b);
     }
 }
+
+/// `*addr` read with acquire semantics at GPU scope (`ld.acquire.gpu.global.u32`): what the
+/// writer of the value did before its release is visible to this thread's later accesses.
+///
+/// # Safety
+/// `addr` is a 4-byte aligned global address of live memory.
+#[inline(always)]
+pub unsafe fn ld_acquire_gpu_u32(addr: *const u32) -> u32 {
+    let v: u32;
+    asm!("ld.acquire.gpu.global.u32 {v}, [{addr}];", v = out(reg32) v, addr = in(reg64) addr, options(nostack));
+    v
+}
+
+/// `*addr = v` with release semantics at GPU scope (`st.release.gpu.global.u32`): this
+/// thread's earlier accesses, and those ordered before them (by a barrier, for example), are
+/// visible to a thread that reads `v` with acquire semantics.
+///
+/// # Safety
+/// `addr` is a 4-byte aligned global address of live memory.
+#[inline(always)]
+pub unsafe fn st_release_gpu_u32(addr: *mut u32, v: u32) {
+    asm!("st.release.gpu.global.u32 [{addr}], {v};", addr = in(reg64) addr, v = in(reg32) v, options(nostack));
+}

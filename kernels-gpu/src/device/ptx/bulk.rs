@@ -55,3 +55,14 @@ pub unsafe fn cp_async_bulk_commit_group() {
 pub unsafe fn cp_async_bulk_wait_group<const N: u32>() {
     asm!("cp.async.bulk.wait_group {n};", n = const N, options(nostack));
 }
+
+/// Orders this thread's completed bulk writes to global memory (the async proxy) before its
+/// later ordinary accesses (`fence.proxy.async.global`): a release that follows then
+/// publishes them too.
+///
+/// # Safety
+/// sm_90 only.
+#[inline(always)]
+pub unsafe fn fence_proxy_async_global() {
+    asm!("fence.proxy.async.global;", options(nostack));
+}

@@ -1,0 +1,125 @@
+//! The deterministic mode's order of dQ adds: every block adds its part of a query tile into
+//! the one f32 accumulator in turn, in the order the forward visits the key tiles (highest
+//! key tile first, [`AttnMask::key_tiles`]), so each dQ element is summed in the same order on
+//! every run, whatever the number of blocks in flight.
+//!
+//! One `u32` turn counter per (batch, query head, query tile) (`BwdParams::dq_order`,
+//! zeroed before the launch) holds `n + 1` while it is key tile `n`'s turn. The first key
+//! tile of a query tile ([`AttnMask::first_key_tile`]) opens its own turn when its step
+//! starts; before its adds, the block's thread 0 waits (acquire) for its turn; after a
+//! barrier that follows all of the block's adds, thread 0 passes the turn (release) to the
+//! next key tile ([`AttnMask::next_key_tile`], looked up where the kernel has registers to
+//! spare). Waiting needs no mask arithmetic. Blocks start
+//! from the highest key tile (`blockIdx.x` 0 takes the last tile) and so only ever wait for
+//! blocks launched before them; with causal masks that is also the order in which the blocks
+//! reach a query tile, so they rarely wait at all.
+
+use crate::device::ptx;
+use crate::mask::AttnMask;
+use crate::params::BwdParams;
+
+/// Whether the launch is in deterministic mode (the turn counters are given).
+#[inline(always)]
+pub(super) fn ordered(p: &BwdParams) -> bool {
+    p.dq_order != 0
+}
+
+/// The key tile of this block: `blockIdx.x` in fast mode, the tiles from the last one down in
+/// deterministic mode (see the module docs).
+///
+/// # Safety
+/// Launched with one block per key tile (`gridDim.x` = `⌈seqlen_k / BN⌉`).
+#[inline(always)]
+pub(super) unsafe fn block_key_tile<const BN: usize>(p: &BwdParams) -> u32 {
+    let x = ptx::ctaid().0;
+    match ordered(p) {
+        true => p.dims.seqlen_k.div_ceil(BN as u32) - 1 - x,
+        false => x,
+    }
+}
+
+/// The turn counter of query tile `i` (of `BM` rows) of `head` in `batch`.
+#[inline(always)]
+unsafe fn counter<const BM: usize>(p: &BwdParams, batch: u32, head: u32, i: u32) -> *mut u32 {
+    let dims = &p.dims;
+    let tiles = dims.seqlen_q.div_ceil(BM as u32) as u64;
+    let at = (batch as u64 * dims.heads_q as u64 + head as u64) * tiles + i as u64;
+    (p.dq_order as *mut u32).add(at as usize)
+}
+
+/// Thread 0, at the start of the block's step on query tile `i` of `head` (of `mask`'s block)
+/// with key tile `n`: if `n` is the first key tile to add to it, opens its turn.
+///
+/// # Safety
+/// Deterministic mode, one thread of the block.
+#[inline(always)]
+pub(super) unsafe fn open_turn<M: AttnMask, const BM: usize, const BN: usize>(
+    p: &BwdParams,
+    mask: &M,
+    (batch, head, i): (u32, u32, u32),
+    n: u32,
+) {
+    if mask.first_key_tile(i * BM as u32, BM as u32, BN as u32) == Some(n) {
+        ptx::st_release_gpu_u32(counter::<BM>(p, batch, head, i), n + 1);
+    }
+}
+
+/// Thread 0, before the block's dQ adds to query tile `i` of `head` from key tile `n`: waits
+/// for its turn (opened by [`open_turn`] or passed by the key tile before it).
+///
+/// # Safety
+/// Deterministic mode, one thread of the block; `(head, i)` is a query tile the block's walk
+/// visits with key tile `n`.
+#[inline(always)]
+pub(super) unsafe fn wait_for_turn<const BM: usize>(
+    p: &BwdParams,
+    batch: u32,
+    head: u32,
+    i: u32,
+    n: u32,
+) {
+    let at = counter::<BM>(p, batch, head, i);
+    while ptx::ld_acquire_gpu_u32(at) != n + 1 {}
+}
+
+/// The turn that key tile `n` passes on after adding to query tile `i`: the next key tile
+/// plus one, or 0 when `n` is the last.
+#[inline(always)]
+pub(super) fn next_in_turn<M: AttnMask, const BM: usize, const BN: usize>(
+    mask: &M,
+    i: u32,
+    n: u32,
+) -> u32 {
+    mask.next_key_tile(i * BM as u32, BM as u32, BN as u32, n)
+        .map_or(0, |t| t + 1)
+}
+
+/// Thread 0, after a barrier that follows every add of the block to query tile `i` of `head`
+/// (bulk adds completed): hands the turn to the key tile visited after `n`, if any.
+///
+/// # Safety
+/// Deterministic mode, one thread of the block, after [`wait_for_turn`] for the same tile.
+#[inline(always)]
+pub(super) unsafe fn pass_turn<M: AttnMask, const BM: usize, const BN: usize>(
+    p: &BwdParams,
+    mask: &M,
+    (batch, head, i): (u32, u32, u32),
+    n: u32,
+) {
+    pass_turn_to::<BM>(p, (batch, head, i), next_in_turn::<M, BM, BN>(mask, i, n));
+}
+
+/// [`pass_turn`] with the turn already looked up ([`next_in_turn`]; 0: nothing to pass).
+///
+/// # Safety
+/// As [`pass_turn`].
+#[inline(always)]
+pub(super) unsafe fn pass_turn_to<const BM: usize>(
+    p: &BwdParams,
+    (batch, head, i): (u32, u32, u32),
+    next: u32,
+) {
+    if next != 0 {
+        ptx::st_release_gpu_u32(counter::<BM>(p, batch, head, i), next);
+    }
+}
