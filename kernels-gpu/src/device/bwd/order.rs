@@ -9,10 +9,12 @@
 //! starts; before its adds, the block's thread 0 waits (acquire) for its turn; after a
 //! barrier that follows all of the block's adds, thread 0 passes the turn (release) to the
 //! next key tile ([`AttnMask::next_key_tile`], looked up where the kernel has registers to
-//! spare). Waiting needs no mask arithmetic. Blocks start
-//! from the highest key tile (`blockIdx.x` 0 takes the last tile) and so only ever wait for
-//! blocks launched before them; with causal masks that is also the order in which the blocks
-//! reach a query tile, so they rarely wait at all.
+//! spare). Waiting needs no mask arithmetic.
+//!
+//! Blocks start from the highest key tile (`blockIdx.x` 0 takes the last tile) and so only
+//! ever wait for blocks with a lower index, which the GPU dispatches first (FlashAttention 3
+//! relies on the same order): no deadlock when the grid exceeds what is resident. With
+//! causal masks that is also the order in which the blocks reach a query tile.
 
 use crate::device::ptx;
 use crate::mask::AttnMask;
