@@ -97,24 +97,11 @@ pub(super) fn next_in_turn<M: AttnMask, const BM: usize, const BN: usize>(
 }
 
 /// Thread 0, after a barrier that follows every add of the block to query tile `i` of `head`
-/// (bulk adds completed): hands the turn to the key tile visited after `n`, if any.
+/// (bulk adds completed): hands the turn on, to `next` as looked up by [`next_in_turn`] (0:
+/// nothing to pass).
 ///
 /// # Safety
 /// Deterministic mode, one thread of the block, after [`wait_for_turn`] for the same tile.
-#[inline(always)]
-pub(super) unsafe fn pass_turn<M: AttnMask, const BM: usize, const BN: usize>(
-    p: &BwdParams,
-    mask: &M,
-    (batch, head, i): (u32, u32, u32),
-    n: u32,
-) {
-    pass_turn_to::<BM>(p, (batch, head, i), next_in_turn::<M, BM, BN>(mask, i, n));
-}
-
-/// [`pass_turn`] with the turn already looked up ([`next_in_turn`]; 0: nothing to pass).
-///
-/// # Safety
-/// As [`pass_turn`].
 #[inline(always)]
 pub(super) unsafe fn pass_turn_to<const BM: usize>(
     p: &BwdParams,

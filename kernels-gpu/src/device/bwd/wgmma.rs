@@ -258,7 +258,8 @@ unsafe fn key_tile<
         if order::ordered(p) {
             ptx::bar_sync(); // every warp's adds to tile i are done
             if me.tid == 0 {
-                order::pass_turn::<M, BM, BN>(p, &mask, (batch, head, i), n);
+                let next = order::next_in_turn::<M, BM, BN>(&mask, i, n);
+                order::pass_turn_to::<BM>(p, (batch, head, i), next);
             }
         }
         cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);
