@@ -17,6 +17,7 @@ pub mod kernels;
 mod launch;
 mod mask;
 pub mod params;
+mod pool;
 pub mod probe;
 pub mod seqs;
 pub mod shape;

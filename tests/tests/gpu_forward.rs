@@ -322,12 +322,14 @@ fn long_sequence_memory_is_linear() {
     let params = AttnParams::default();
     let mut rng = rand::rngs::StdRng::seed_from_u64(11);
     let (q, k, v) = random_qkv::<bf16>(&mut rng, &shape, Magnitude::Normal, 1.0 / 128f32.sqrt());
-    dev.synchronize().unwrap();
+    // Memory freed earlier stays in the device's pool (see `Device::new`): given back
+    // before each reading, so that both count live allocations only.
+    dev.release_freed_memory().unwrap();
     let (free_before, _) = dev.mem_info().unwrap();
     let up = |a: &Array4<bf16>| DeviceTensor::from_ndarray(dev, a.view()).unwrap();
     let (qd, kd, vd) = (up(&q), up(&k), up(&v));
     let (o, lse) = flash_attn(dev, &qd, &kd, &vd, &params).unwrap();
-    dev.synchronize().unwrap();
+    dev.release_freed_memory().unwrap();
     let (free_after, _) = dev.mem_info().unwrap();
     let used = free_before.saturating_sub(free_after);
     let tensors = 4 * n * 128 * 2 + n * 4;
@@ -463,6 +465,7 @@ fn invalid_inputs_are_typed_errors() {
 fn indexing_past_two_to_the_31_elements() {
     let Some(dev) = device() else { return };
     let _alone = DEVICE_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
+    dev.release_freed_memory().unwrap(); // what earlier tests freed into the pool
     let (free, _) = dev.mem_info().unwrap();
     if free < 24 << 30 {
         use std::io::Write;
@@ -588,4 +591,35 @@ fn non_finite_inputs_propagate_and_never_look_masked() {
             }
         }
     }
+}
+
+/// Freed device memory stays in the default pool (`Device::new` raises its release
+/// threshold, so that each call's temporaries are not mapped afresh) until
+/// `release_freed_memory` gives it back. Skipped (loudly) when another setting of the pool
+/// was there first (`FLASH_ATTN_POOL_RETAIN=0`).
+#[test]
+fn freed_memory_stays_in_the_pool_until_released() {
+    let Some(dev) = device() else { return };
+    if std::env::var("FLASH_ATTN_POOL_RETAIN").as_deref() == Ok("0") {
+        eprintln!("***** SKIPPED: freed_memory_stays_in_the_pool_until_released: FLASH_ATTN_POOL_RETAIN=0 *****");
+        return;
+    }
+    let _alone = DEVICE_MEMORY.lock().unwrap_or_else(|e| e.into_inner());
+    const GIB: usize = 1 << 30;
+    dev.release_freed_memory().unwrap();
+    let (free_before, _) = dev.mem_info().unwrap();
+    let big = DeviceTensor::<f32>::zeros(dev, &[GIB]).unwrap(); // 4 GiB
+    drop(big);
+    dev.synchronize().unwrap();
+    let (free_kept, _) = dev.mem_info().unwrap();
+    dev.release_freed_memory().unwrap();
+    let (free_released, _) = dev.mem_info().unwrap();
+    assert!(
+        free_kept + 3 * GIB <= free_before,
+        "freed memory left the pool: {free_before} bytes free before, {free_kept} after"
+    );
+    assert!(
+        free_released >= free_kept + 3 * GIB,
+        "release_freed_memory gave nothing back: {free_kept} -> {free_released} bytes free"
+    );
 }
