@@ -42,11 +42,10 @@
 //! buffers of Q, dO `[BM][PITCH]`, dSᵀ `[BN][BM]` (all swizzled, 16-bit), two buffers of LSE
 //! and D `[BM]` f32, and with `STAGED_DQ` the dQ stage `[BM][D + 8]` f32 (its first row's
 //! padding records which query tile it holds, and in deterministic mode the turns to pass).
-//! Registers per thread: dK and dV
-//! `D/(2·D_SPLIT)` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, a dQ slice of `DQ_TILES·4` f32.
-//! Sync points: two `bar.sync` per query tile, (A) and (B) above (three in deterministic mode
-//! without the stage), and with `STAGED_DQ` one more at the end (two in deterministic mode). The stage's writers fence it for the
-//! bulk engine (`fence.proxy.async`) before the barrier that precedes its bulk add.
+//! Registers per thread: dK and dV `D/(2·D_SPLIT)` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32
+//! each, a dQ slice of `DQ_TILES·4` f32. Sync points: two `bar.sync` per query tile, (A) and
+//! (B) above (three in deterministic mode without the stage), and with `STAGED_DQ` one more at
+//! the end (two in deterministic mode). The stage's writers fence it for the bulk engine (`fence.proxy.async`) before the barrier that precedes its bulk add.
 
 mod order;
 mod passes;
@@ -215,7 +214,7 @@ unsafe fn key_tile<
             if STAGED_DQ {
                 // The turn tile i passes on once flushed, kept until the stage records it.
                 let next = order::next_in_turn::<M, BM, BN>(&mask, i, n);
-                ptx::st_shared_u32(smem.dq_stage_addr::<D>(0, D as u32 + 3), next);
+                ptx::st_shared_u32(smem.stage_record::<D>(StageRecord::PendingNext), next);
             } else {
                 order::wait_for_turn::<BM>(p, batch, head, i, n);
             }
@@ -354,7 +353,7 @@ unsafe fn key_tile<
         if STAGED_DQ {
             ptx::fence_proxy_async_shared_cta(); // the stage, for the bulk engine
             if me.tid == 0 {
-                let next = ptx::ld_shared_u32(smem.dq_stage_addr::<D>(0, D as u32 + 3));
+                let next = ptx::ld_shared_u32(smem.stage_record::<D>(StageRecord::PendingNext));
                 smem.set_staged_tile::<D>(Some((head, i)), next);
             }
         } else if order::ordered(p) {
@@ -536,6 +535,19 @@ fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize>(
     None
 }
 
+/// The words of the dQ stage's record ([`BwdSmem::stage_record`]).
+#[derive(Clone, Copy)]
+enum StageRecord {
+    /// The query head of the staged tile.
+    Head = 0,
+    /// The staged query tile (`u32::MAX`: none).
+    Tile = 1,
+    /// Deterministic mode: the turn to pass once the staged tile is added.
+    Next = 2,
+    /// Deterministic mode: the turn of the tile being computed, until it is staged.
+    PendingNext = 3,
+}
+
 /// The backward block's shared memory; see the module docs.
 #[derive(Clone, Copy)]
 struct BwdSmem<const BN: usize, const BM: usize, const PITCH: usize> {
@@ -588,22 +600,29 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
         self.dq_stage + 4 * (row * (D as u32 + 8) + col)
     }
 
+    /// Shared address of a word of the stage's record (the padding after the `D` dQ columns
+    /// of its first row).
+    #[inline(always)]
+    fn stage_record<const D: usize>(&self, word: StageRecord) -> u32 {
+        self.dq_stage_addr::<D>(0, D as u32 + word as u32)
+    }
+
     /// Records which query tile `(head, i)` the stage holds (`None`: none) in the padding of
     /// the stage's first row (kept there, not in registers, through the loop), and in
     /// deterministic mode the turn to pass once it is added ([`order::next_in_turn`]).
     #[inline(always)]
     unsafe fn set_staged_tile<const D: usize>(&self, tile: Option<(u32, u32)>, next: u32) {
         let (head, i) = tile.unwrap_or((0, u32::MAX));
-        ptx::st_shared_u32(self.dq_stage_addr::<D>(0, D as u32), head);
-        ptx::st_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 1), i);
-        ptx::st_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 2), next);
+        ptx::st_shared_u32(self.stage_record::<D>(StageRecord::Head), head);
+        ptx::st_shared_u32(self.stage_record::<D>(StageRecord::Tile), i);
+        ptx::st_shared_u32(self.stage_record::<D>(StageRecord::Next), next);
     }
 
     /// The query tile `(head, i)` the stage holds, if any.
     #[inline(always)]
     unsafe fn staged_tile<const D: usize>(&self) -> Option<(u32, u32)> {
-        let head = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32));
-        let i = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 1));
+        let head = ptx::ld_shared_u32(self.stage_record::<D>(StageRecord::Head));
+        let i = ptx::ld_shared_u32(self.stage_record::<D>(StageRecord::Tile));
         (i != u32::MAX).then_some((head, i))
     }
 
@@ -621,7 +640,7 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
     #[inline(always)]
     unsafe fn pass_staged_turn<const D: usize>(&self, p: &BwdParams, batch: u32) {
         if let Some((head, i)) = self.staged_tile::<D>() {
-            let next = ptx::ld_shared_u32(self.dq_stage_addr::<D>(0, D as u32 + 2));
+            let next = ptx::ld_shared_u32(self.stage_record::<D>(StageRecord::Next));
             order::pass_turn_to::<BM>(p, (batch, head, i), next);
         }
     }
