@@ -2262,6 +2262,18 @@ pub(crate) static EMBEDDED: &[(&str, &str, &[u8], &[u8])] = &[
     ),
     (
         "sm90a",
+        "flash_bwd_wgmma_masked_f16_d64",
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_f16_d64.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_f16_d64.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_masked_bf16_d64",
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_bf16_d64.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_bf16_d64.cubin.z"),
+    ),
+    (
+        "sm90a",
         "flash_bwd_wgmma_sparse_f16_d64",
         include_bytes!("sm90a/flash_bwd_wgmma_sparse_f16_d64.ptx.z"),
         include_bytes!("sm90a/flash_bwd_wgmma_sparse_f16_d64.cubin.z"),
@@ -2307,6 +2319,18 @@ pub(crate) static EMBEDDED: &[(&str, &str, &[u8], &[u8])] = &[
         "flash_bwd_wgmma_dropout_bf16_d128",
         include_bytes!("sm90a/flash_bwd_wgmma_dropout_bf16_d128.ptx.z"),
         include_bytes!("sm90a/flash_bwd_wgmma_dropout_bf16_d128.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_masked_f16_d128",
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_f16_d128.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_f16_d128.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_masked_bf16_d128",
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_bf16_d128.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_bf16_d128.cubin.z"),
     ),
     (
         "sm90a",

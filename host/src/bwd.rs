@@ -41,11 +41,12 @@ pub enum BwdMode {
 fn backward_kernel(
     dev: &Device,
     head_dim: usize,
-    mask: registry::MaskKind,
+    params: &AttnParams,
     dropout: bool,
 ) -> Result<&'static registry::BwdKernel> {
-    let wgmma =
-        registry::bwd_wgmma_kernel(head_dim, mask, dropout).filter(|_| dev.wgmma_backward());
+    let (mask, capped) = (params.mask_kind(), params.softcap.is_some());
+    let wgmma = registry::bwd_wgmma_kernel(head_dim, mask, dropout, capped)
+        .filter(|_| dev.wgmma_backward());
     wgmma
         .or_else(|| registry::bwd_kernel(head_dim, mask, dropout))
         .ok_or(FlashError::HeadDim(head_dim))
@@ -61,7 +62,7 @@ pub fn backward_kernel_name(
     params: &AttnParams,
 ) -> Result<&'static str> {
     let dropout = params.active_dropout()?.is_some();
-    let kernel = backward_kernel(dev, head_dim, params.mask_kind(), dropout)?;
+    let kernel = backward_kernel(dev, head_dim, params, dropout)?;
     Ok(kernel.name(dtype.kernel()?))
 }
 
@@ -224,7 +225,7 @@ fn run_backward<T: Element>(
 ) -> Result<()> {
     let d = shape.head_dim;
     let dropout = params.active_dropout()?;
-    let kernel = backward_kernel(dev, d, params.mask_kind(), dropout.is_some())?;
+    let kernel = backward_kernel(dev, d, params, dropout.is_some())?;
     let dtype = T::DTYPE.kernel()?;
     let tile = kernel.tile(dev.arch());
     let (scale_log2, scale) = (params.kernel_scale_log2(d)?, params.kernel_grad_scale(d)?);

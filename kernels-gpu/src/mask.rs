@@ -132,6 +132,14 @@ pub trait AttnMask: Sized {
         self.score(row, key, s, slope)
     }
 
+    /// d logit / d s of an uncapped block ([`AttnMask::capped`] false): one value for every
+    /// score (the softmax scale where the mask applies it, else 1), so a kernel that takes no
+    /// capped blocks multiplies dS by it instead of keeping a derivative per score.
+    #[inline(always)]
+    fn uncapped_grad(&self) -> f32 {
+        1.0
+    }
+
     /// [`AttnMask::score_and_grad`] with the optional branch decided by the caller.
     #[inline(always)]
     fn score_and_grad_as<const CAP: bool>(
@@ -563,6 +571,11 @@ impl AttnMask for ScoredMask {
     }
 
     #[inline(always)]
+    fn uncapped_grad(&self) -> f32 {
+        self.scale
+    }
+
+    #[inline(always)]
     fn score_as<const CAP: bool>(&self, row: u32, key: u32, s: f32, slope: f32) -> f32 {
         let (x, _) = self.cap::<CAP>(self.scale * s);
         x - slope * self.distance(row, key)
@@ -879,6 +892,47 @@ pub mod kind {
 mod tests {
     extern crate std;
     use super::*;
+
+    /// Uncapped blocks: the one derivative [`AttnMask::uncapped_grad`] is every score's
+    /// (what the `wgmma` backward multiplies dS by, keeping no derivative per score).
+    #[test]
+    fn uncapped_grad_is_every_scores_derivative() {
+        for (scale, slope) in [(0.125f32, 0.0f32), (-0.7, 0.25), (0.0, 1.5), (3.0, -0.5)] {
+            let mask = ScoredMask {
+                window: WindowMask {
+                    seqlen_q: 37,
+                    seqlen_k: 90,
+                    left: 20,
+                    right: 3,
+                },
+                slope,
+                modifies: true,
+                ..ScoredMask::of(
+                    &MaskArgs {
+                        scale,
+                        ..Default::default()
+                    },
+                    37,
+                    90,
+                )
+            };
+            assert!(!mask.capped());
+            for (row, key, s) in [(0u32, 0u32, 1.5f32), (5, 60, -3.0), (36, 89, 40.0)] {
+                let (logit, grad) = mask.score_and_grad(row, key, s, slope);
+                assert_eq!(grad, mask.uncapped_grad());
+                assert_eq!(logit, mask.score(row, key, s, slope));
+            }
+        }
+        let causal = CausalMask {
+            seqlen_q: 4,
+            seqlen_k: 4,
+            causal: true,
+        };
+        assert_eq!(
+            causal.score_and_grad(1, 1, 2.0, 0.0).1,
+            causal.uncapped_grad()
+        );
+    }
 
     /// Brute force: the tile iterator and the needs-mask flag agree with the element predicate,
     /// and the tiles come in decreasing order.

@@ -184,12 +184,18 @@ pub const fn bwd_kernel(
 }
 
 /// Hopper's `wgmma` backward kernel for a caller's `head_dim` under `mask`, with or without
-/// `dropout` (see [`kernel_for`]); `None` where there is none (the call takes `mma.sync`).
+/// `dropout` and a softcap (`capped`; see [`kernel_for`]); `None` where there is none (the
+/// call takes `mma.sync`). No `wgmma` backward takes a softcap: its derivative differs per
+/// score, and keeping it spills (the kernels of [`MaskKind::Masked`] trap on one).
 pub const fn bwd_wgmma_kernel(
     head_dim: usize,
     mask: MaskKind,
     dropout: bool,
+    capped: bool,
 ) -> Option<&'static BwdKernel> {
+    if capped {
+        return None;
+    }
     kernel_for(BWD_WGMMA_KERNELS, head_dim, mask, dropout)
 }
 
@@ -913,16 +919,20 @@ registry! {
     }
     // Hopper's backward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, query
     // rows per step (the block holds 128 keys: two warpgroups of 64). Calls without a row
-    // here take `mma.sync` (`bwd_wgmma_kernel`; the host's dispatch picks). Missing because
-    // ptxas spilled them or gave them a stack frame (sm_90a, 255 registers): the general
-    // mask (its d logit / d s tile: 64–848 B of spills), dropout at d = 64 (a 256-byte frame),
-    // dropout with the block-sparse and tree masks at d = 128 (4–188 B).
+    // here take `mma.sync` (`bwd_wgmma_kernel`; the host's dispatch picks), and so do calls
+    // with a softcap (a d logit / d s tile per score spilled 64–848 B; the general mask's
+    // kernels here take windows and ALiBi, whose derivative is one value per tile). Missing
+    // because ptxas spilled them or gave them a stack frame (sm_90a, 255 registers): dropout
+    // at d = 64 (a 256-byte frame), dropout with the general, block-sparse and tree masks at
+    // d = 128 (128–152 B frames; 4–188 B).
     bwd_wgmma {
         64 Causal PLAIN [flash_bwd_wgmma_f16_d64, flash_bwd_wgmma_bf16_d64] 128;
+        64 Masked PLAIN [flash_bwd_wgmma_masked_f16_d64, flash_bwd_wgmma_masked_bf16_d64] 128;
         64 Sparse PLAIN [flash_bwd_wgmma_sparse_f16_d64, flash_bwd_wgmma_sparse_bf16_d64] 128;
         64 Tree PLAIN [flash_bwd_wgmma_tree_f16_d64, flash_bwd_wgmma_tree_bf16_d64] 128;
         128 Causal PLAIN [flash_bwd_wgmma_f16_d128, flash_bwd_wgmma_bf16_d128] 64;
         128 Causal DROPOUT [flash_bwd_wgmma_dropout_f16_d128, flash_bwd_wgmma_dropout_bf16_d128] 64;
+        128 Masked PLAIN [flash_bwd_wgmma_masked_f16_d128, flash_bwd_wgmma_masked_bf16_d128] 64;
         128 Sparse PLAIN [flash_bwd_wgmma_sparse_f16_d128, flash_bwd_wgmma_sparse_bf16_d128] 64;
         128 Tree PLAIN [flash_bwd_wgmma_tree_f16_d128, flash_bwd_wgmma_tree_bf16_d128] 64;
     }
@@ -1187,7 +1197,7 @@ mod tests {
                 assert_eq!(info.dyn_smem[Arch::Sm90a.index()], t.smem_bytes());
             }
         }
-        let d = |x| bwd_wgmma_kernel(x, MaskKind::Causal, false).map(|k| k.head_dim);
+        let d = |x| bwd_wgmma_kernel(x, MaskKind::Causal, false, false).map(|k| k.head_dim);
         assert_eq!(
             (d(64), d(100), d(128), d(256)),
             (Some(64), Some(128), Some(128), None)

@@ -13,7 +13,9 @@ use flash_attn::{
 };
 use flash_attn_kernels::arch::Arch;
 use flash_attn_tests::gpu::{backward_case, device as gpu_device, download4, gpu_cases, Layout};
-use flash_attn_tests::{attention_mask_recipes, random_array, random_qkv, Magnitude, MaskRecipe};
+use flash_attn_tests::{
+    attention_mask_recipes, mask_recipes, random_array, random_qkv, Magnitude, MaskRecipe,
+};
 use half::{bf16, f16};
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -49,9 +51,11 @@ fn case_strategy() -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>
 }
 
 /// The cases Hopper's `wgmma` backward takes by default: head dims up to 128 (run on the
-/// d = 64 and d = 128 kernels) with no mask beyond causal, or a block-sparse mask.
+/// d = 64 and d = 128 kernels) with no mask beyond causal, a block-sparse mask, or windows
+/// and ALiBi without a softcap.
 fn wgmma_case_strategy(
 ) -> impl Strategy<Value = (u64, AttnShape, AttnParams<'static>, Magnitude, Layout)> {
+    let uncapped = mask_recipes().prop_map(|r| MaskRecipe { softcap: None, ..r });
     let sparse =
         (prop::sample::select(&[0u8, 4, 8, 12, 16][..]), any::<u64>()).prop_map(|(s, seed)| {
             MaskRecipe {
@@ -60,7 +64,7 @@ fn wgmma_case_strategy(
                 ..MaskRecipe::NONE
             }
         });
-    let masks = prop_oneof![3 => Just(MaskRecipe::NONE), 1 => sparse];
+    let masks = prop_oneof![2 => Just(MaskRecipe::NONE), 1 => sparse, 1 => uncapped];
     case_strategy_with(&[8usize, 16, 32, 40, 64, 72, 96, 100, 128], masks)
 }
 
@@ -323,6 +327,39 @@ fn backward_dispatch_follows_the_path() {
                 let want = wgmma && d <= 128;
                 assert_eq!(name.contains("wgmma"), want, "d = {d} {dtype:?}: {name}");
             }
+        }
+    }
+    // Windows and ALiBi take the general mask's `wgmma` kernels; a softcap takes `mma.sync`.
+    let slopes: &'static [f32] = &[0.5, 0.25];
+    for (params, want) in [
+        (
+            AttnParams {
+                window: Some((100, 0)),
+                ..AttnParams::default()
+            },
+            wgmma,
+        ),
+        (
+            AttnParams {
+                alibi_slopes: Some(slopes),
+                causal: true,
+                ..AttnParams::default()
+            },
+            wgmma,
+        ),
+        (
+            AttnParams {
+                softcap: Some(30.0),
+                alibi_slopes: Some(slopes),
+                ..AttnParams::default()
+            },
+            false,
+        ),
+    ] {
+        for d in [64, 128] {
+            let name = backward_kernel_name(dev, DType::BF16, d, &params).unwrap();
+            assert_eq!(name.contains("wgmma"), want, "d = {d} {params:?}: {name}");
+            assert!(name.contains("masked"), "{name}");
         }
     }
 }

@@ -43,7 +43,7 @@
 //! (`fence.proxy.async`) before the barrier that publishes them.
 
 use super::stats::QueryStats;
-use super::{block_for, d_score, logits_and_grads, next_query_tile, order, store_dkv};
+use super::{block_for, d_score, next_query_tile, order, store_dkv};
 use crate::device::dropout::{mark_dropped, rng_for};
 use crate::device::elem::Elem;
 use crate::device::frag::{AccTile, FragPos, NonNegative, PackedTile, RegFragments, ThreadPos};
@@ -170,17 +170,20 @@ unsafe fn key_tile<
         }
         ptx::wgmma_fence_operands(pt.tiles_mut::<Q_TILES>(0, 0));
         let key_base = key0 + warp_k0;
-        // Masks that modify scores: Sᵀ becomes the logits, and `grad` keeps d logit / d s.
+        // Masks that modify scores (a window with ALiBi): Sᵀ becomes the logits, whose
+        // derivative is one value for the whole tile. The softcap's derivative differs per
+        // score; keeping it spills (64–848 B), so capped calls take `mma.sync`
+        // (`registry::bwd_wgmma_kernel`) and this kernel traps on them.
         let modifies = M::MODIFIES_SCORES && mask.modifies_scores();
-        let mut grad = AccTile::<1, Q_TILES>::zero();
         if modifies {
-            let slope = M::slope(&p.mask, batch, head);
-            let at = (row0, key_base, pos);
             if mask.capped() {
-                logits_and_grads::<M, true, Q_TILES>(&mut pt, &mut grad, &mask, slope, at);
-            } else {
-                logits_and_grads::<M, false, Q_TILES>(&mut pt, &mut grad, &mask, slope, at);
+                core::arch::nvptx::trap();
             }
+            let slope = M::slope(&p.mask, batch, head);
+            pt.for_each_mut(|_, r, nt, c, x| {
+                let (row, key) = (row0 + pos.col(nt, c), key_base + pos.row(0, r));
+                *x = mask.score_as::<false>(row, key, *x, slope);
+            });
         }
         stats.probabilities(&mut pt, buf, pos, p.scale_log2);
         if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
@@ -211,7 +214,7 @@ unsafe fn key_tile<
             let delta = stats.delta(buf, pos.col(nt, c));
             *x = d_score::<DROPOUT>(prob, *x, delta, p.dropout.scale);
             if modifies {
-                *x *= grad.get(mt, r, nt, c);
+                *x *= mask.uncapped_grad();
             }
         });
         let ds = PackedTile::pack::<E>(&dpt);
