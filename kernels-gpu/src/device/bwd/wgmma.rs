@@ -28,7 +28,8 @@
 //!                                             rows at d = 64, its 64 columns at d = 128
 //!     wait for all; dQ atomic adds            f32, into the accumulator (deterministic
 //!                                             mode: in turn, see `order`: thread 0 waits
-//!                                             before (B), passes after a barrier)
+//!                                             before (B) and passes the turn after the next
+//!                                             step's (A); with dropout after a barrier)
 //! write scale·dKⱼ and dVⱼ [·1/(1 − p)]
 //! ```
 //!
@@ -37,8 +38,8 @@
 //! buffers of Q and of dO `[BM][D]`, dSᵀ `[BN][BM]`, all in the layout of [`crate::gmma`],
 //! then two buffers of LSE and D `[BM]` f32. Registers per thread: dK and dV `D/2` f32
 //! each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, dQ 32 f32. Sync points: two `bar.sync` per query
-//! tile, (A) and (B), and in deterministic mode a third after the dQ adds; each warpgroup
-//! waits for its own products only.
+//! tile, (A) and (B) (in deterministic mode with dropout a third after the dQ adds, and
+//! without one after the last tile's); each warpgroup waits for its own products only.
 //! Writes the async proxy reads (the `cp.async` tiles, dSᵀ) are fenced by their writers
 //! (`fence.proxy.async`) before the barrier that publishes them.
 
@@ -134,6 +135,13 @@ unsafe fn key_tile<
     let mut dk = AccTile::<1, D_TILES>::zero();
     let mut dv = AccTile::<1, D_TILES>::zero();
     let mut buf = 0;
+    // Deterministic mode, thread 0: the (query head, tile, next turn) whose turn this block
+    // passes after the next barrier (A) (next turn 0: none), so that no extra barrier waits
+    // for the adds and the release's wait for them overlaps the step's start. With dropout
+    // the three registers made ptxas spill at d = 128: there the turn is passed at once,
+    // after a barrier.
+    let defer_pass = !DROPOUT;
+    let mut passing = (0, 0, 0);
     while let Some((head, i)) = cur {
         let block = block_for(p, batch, kv_head, head);
         let row0 = i * BM as u32;
@@ -141,6 +149,10 @@ unsafe fn key_tile<
         smem.stats().finish(buf, row0, dims.seqlen_q, me.tid);
         ptx::fence_proxy_async_shared_cta(); // this thread's copies, for `wgmma`
         ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
+        if defer_pass && me.tid == 0 && order::ordered(p) {
+            let (h, t, next) = passing; // every warp's adds to tile t were issued before (A)
+            order::pass_turn_to::<BM>(p, (batch, h, t), next);
+        }
         if let Some((h, i)) = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n) {
             let next_block = block_for(p, batch, kv_head, h);
             smem.load_query_tile(p, &next_block, i, buf ^ 1, me.tid);
@@ -258,8 +270,10 @@ unsafe fn key_tile<
                 ptx::red_global_add_f32x2(row_at.add(col as usize), x0 * p.scale, x1 * p.scale);
             }
         }
-        if order::ordered(p) {
-            ptx::bar_sync(); // every warp's adds to tile i are done
+        if defer_pass && me.tid == 0 && order::ordered(p) {
+            passing = (head, i, order::next_in_turn::<M, BM, BN>(&mask, i, n));
+        } else if !defer_pass && order::ordered(p) {
+            ptx::bar_sync(); // every warp's adds to tile i were issued
             if me.tid == 0 {
                 let next = order::next_in_turn::<M, BM, BN>(&mask, i, n);
                 order::pass_turn_to::<BM>(p, (batch, head, i), next);
@@ -267,6 +281,13 @@ unsafe fn key_tile<
         }
         cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);
         buf ^= 1;
+    }
+    if defer_pass && order::ordered(p) {
+        ptx::bar_sync(); // every warp's adds to the last tile were issued
+        if me.tid == 0 {
+            let (h, t, next) = passing;
+            order::pass_turn_to::<BM>(p, (batch, h, t), next);
+        }
     }
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
     store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key0 + warp_k0, 0, pos, &dk, &dv);
