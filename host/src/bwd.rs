@@ -31,8 +31,10 @@ pub enum BwdMode {
     /// Bit-identical dQ, dK and dV run to run, whatever the number of blocks in flight: the
     /// blocks add into the one f32 dQ accumulator of fast mode in turn, tile by tile, highest
     /// key tile first, through one u32 turn counter per (batch, query head, query tile)
-    /// (FlashAttention 3's scheme). The blocks launch from the highest key tile down, so a
-    /// block only waits for blocks started before it.
+    /// (FlashAttention 3's scheme). The blocks of each (batch, KV head) launch from the
+    /// highest key tile down, so a block only waits for blocks started before it, and
+    /// several (batch, KV head) pairs are interleaved in the launch order, so a block seldom
+    /// waits at all.
     Deterministic,
 }
 
@@ -304,6 +306,7 @@ fn run_backward<T: Element>(
         scale,
         mask: mask.args,
         dq_order: 0,
+        order_heads: 0,
         reserved: 0,
         dropout: Default::default(),
     };
@@ -331,6 +334,16 @@ fn run_backward<T: Element>(
             )?),
             _ => None,
         };
+        let order_heads = match turns {
+            Some(_) => {
+                let name = kernel.name(dtype);
+                let resident =
+                    dev.resident_blocks(name, tile.threads() as u32, tile.smem_bytes())?;
+                let steps = query_tiles * (hq / shape.heads_kv);
+                interleaved_pairs(resident, steps, run.count * shape.heads_kv)
+            }
+            None => 0,
+        };
         let p = BwdParams {
             q: run.tensor(base.q, true),
             k: run.tensor(base.k, false),
@@ -356,6 +369,7 @@ fn run_backward<T: Element>(
             dims: run.dims(shape, padded_d),
             mask: run.mask(base.mask),
             dq_order: turns.as_ref().map_or(0, |t| t.device_address(dev)),
+            order_heads,
             dropout: run.dropout(dropout),
             ..base
         };
@@ -375,7 +389,8 @@ fn run_backward<T: Element>(
                 )?;
             }
             if len_k > 0 {
-                // One block per key tile (in deterministic mode from the last tile down).
+                // One block per key tile (in deterministic mode from the last tile down, pairs
+                // interleaved: `order_heads`).
                 let grid = (key_tiles as u32, shape.heads_kv as u32, run.count as u32);
                 launch(
                     dev,
@@ -401,4 +416,35 @@ fn run_backward<T: Element>(
     }
     // The temporaries are freed in stream order, after the launches that use them.
     Ok(())
+}
+
+/// Deterministic mode's launch order: how many (batch, KV head) pairs to interleave so that
+/// the blocks of one pair, `steps` query-tile steps each, start at least about a step and a
+/// half apart once `resident` blocks run at once (a block starts every `1/resident` of a
+/// block's time), spread evenly over the groups of `pairs`. One pair (the plain order) when
+/// a block walks more steps than there are resident blocks.
+fn interleaved_pairs(resident: usize, steps: usize, pairs: usize) -> u32 {
+    let wanted = (3 * resident)
+        .div_ceil(2 * steps.max(1))
+        .clamp(1, pairs.max(1));
+    let groups = pairs.max(1).div_ceil(wanted);
+    u32::try_from(pairs.max(1).div_ceil(groups)).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::interleaved_pairs;
+
+    #[test]
+    fn interleaving_spaces_a_pairs_blocks_by_a_step_and_a_half() {
+        // 132 SMs, one block each: 8 steps per block want 25 pairs; 512 pairs in 21 groups.
+        assert_eq!(interleaved_pairs(132, 8, 512), 25);
+        assert_eq!(interleaved_pairs(132, 32, 512), 7);
+        // Long walks keep the plain order, and there are never more pairs than given.
+        assert_eq!(interleaved_pairs(132, 256, 16), 1);
+        assert_eq!(interleaved_pairs(132, 8, 3), 3);
+        // Groups come out even: 30 wanted of 40 pairs gives two groups of 20.
+        assert_eq!(interleaved_pairs(20, 1, 40), 20);
+        assert_eq!(interleaved_pairs(1, 0, 0), 1);
+    }
 }

@@ -78,8 +78,27 @@ impl BlockInfo {
     }
 }
 
+/// The backward's deterministic launch order: the `(key tile, KV head, batch)` of the block
+/// at `linear` (`x + tiles · (y + heads · z)`) in a grid of `tiles × heads × batches`. The
+/// (batch, KV head) pairs form groups of `per_group` (the last may hold fewer); a group's
+/// blocks are its pairs' rank 0, then their rank 1, and so on, rank `r` being key tile
+/// `tiles − 1 − r`. So rank `r − 1` of a pair always has a lower linear index than rank `r`.
+pub fn interleaved_key_block(
+    linear: u32,
+    (tiles, heads, batches): (u32, u32, u32),
+    per_group: u32,
+) -> (u32, u32, u32) {
+    let pairs = heads * batches;
+    let per_group = per_group.clamp(1, pairs);
+    let (group, at) = (linear / (per_group * tiles), linear % (per_group * tiles));
+    let in_group = per_group.min(pairs - group * per_group);
+    let pair = group * per_group + at % in_group;
+    (tiles - 1 - at / in_group, pair % heads, pair / heads)
+}
+
 #[cfg(test)]
 mod tests {
+    extern crate std;
     use super::*;
     use crate::params::Strides;
 
@@ -109,5 +128,30 @@ mod tests {
         let b = BlockInfo::new(&dims, (1, 7, 1), 3, 128, false);
         assert_eq!(b.query_offset(&t, 130), 1000 + 1300 + 7);
         assert_eq!(b.key_offset(&t, 4), 1000 + 40 + 1);
+    }
+
+    #[test]
+    fn interleaved_key_blocks_cover_the_grid_each_after_its_turn() {
+        for (tiles, heads, batches) in [(1, 1, 1), (8, 32, 16), (5, 3, 7), (33, 2, 1)] {
+            let count = tiles * heads * batches;
+            for per_group in [0, 1, 2, 4, 7, 25, heads * batches, 1000] {
+                let mut seen = std::collections::HashMap::new();
+                for linear in 0..count {
+                    let (n, h, b) =
+                        interleaved_key_block(linear, (tiles, heads, batches), per_group);
+                    assert!(n < tiles && h < heads && b < batches);
+                    assert!(
+                        seen.insert((n, h, b), linear).is_none(),
+                        "{n} {h} {b} twice"
+                    );
+                }
+                // The tile before in turn (one higher) starts first.
+                for (&(n, h, b), &linear) in &seen {
+                    if n + 1 < tiles {
+                        assert!(seen[&(n + 1, h, b)] < linear);
+                    }
+                }
+            }
+        }
     }
 }

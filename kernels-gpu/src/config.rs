@@ -121,7 +121,13 @@ pub struct BwdTile {
     /// into the accumulator by the bulk copy engine, one reduction per row (sm_90), instead
     /// of by atomic adds from registers.
     pub staged_dq: bool,
+    /// The block keeps its (KV head, batch) in [`BWD_BLOCK_RECORD_BYTES`] at the end of its
+    /// shared memory (the `wgmma` kernels, whose deterministic launch order computes them).
+    pub block_record: bool,
 }
+
+/// Bytes of the backward block's record of its (KV head, batch) ([`BwdTile::block_record`]).
+pub const BWD_BLOCK_RECORD_BYTES: usize = 16;
 
 impl BwdTile {
     /// The tile for `head_dim` from the registry's `(key_warps, d_split, block_m, staged_dq)`.
@@ -134,6 +140,15 @@ impl BwdTile {
             warps: key_warps * d_split,
             d_split,
             staged_dq,
+            block_record: false,
+        }
+    }
+
+    /// The same tile with the block's record ([`BwdTile::block_record`]).
+    pub const fn with_block_record(self) -> Self {
+        Self {
+            block_record: true,
+            ..self
         }
     }
 
@@ -202,10 +217,16 @@ impl BwdTile {
     /// Dynamic shared memory in bytes: K and V `[block_n][pitch]`, two buffers of Q and dO
     /// `[block_m][pitch]` (the next query tile loads while this one is computed), dSᵀ
     /// `[block_n][block_m]` (16-bit), two buffers of LSE and D (`block_m` f32 each), then
-    /// with `staged_dq` the dQ stage `[block_m][dq_stage_pitch]` f32.
+    /// with `staged_dq` the dQ stage `[block_m][dq_stage_pitch]` f32, and with `block_record`
+    /// the block's record.
     pub const fn smem_bytes(&self) -> usize {
         let stage = if self.staged_dq {
             self.block_m * self.dq_stage_pitch() * 4
+        } else {
+            0
+        };
+        let record = if self.block_record {
+            BWD_BLOCK_RECORD_BYTES
         } else {
             0
         };
@@ -214,6 +235,7 @@ impl BwdTile {
             + self.block_n * self.block_m)
             + 2 * 2 * 4 * self.block_m
             + stage
+            + record
     }
 
     /// f32 elements per row of the dQ stage: the head dim plus 8, so that the eight rows one

@@ -761,9 +761,10 @@ pub const fn wgmma_tile(head_dim: usize, block_n: usize) -> FwdTile {
 
 /// The tile of a `wgmma` backward kernel: two warpgroups of 64 keys (128 per block) and
 /// query tiles of `block_m` rows, in the shared-memory layout of the `mma.sync` backward
-/// ([`BwdTile::smem_bytes`], the pitch being the head dim); see `device::bwd::wgmma`.
+/// ([`BwdTile::smem_bytes`], the pitch being the head dim) and the block's record; see
+/// `device::bwd::wgmma`.
 pub const fn wgmma_bwd_tile(head_dim: usize, block_m: usize) -> BwdTile {
-    BwdTile::new(head_dim, (8, 1, block_m, false))
+    BwdTile::new(head_dim, (8, 1, block_m, false)).with_block_record()
 }
 
 const fn wgmma_bwd_info(name: &'static str, tile: BwdTile) -> KernelInfo {

@@ -49,8 +49,13 @@ pub struct BwdParams {
     /// ⌈seqlen_q / block_m⌉]` (zeroed; the blocks add to each query tile of dQ in turn, see
     /// the kernel docs); 0 in fast mode (atomic adds in any order).
     pub dq_order: u64,
+    /// Deterministic mode, `wgmma` kernels: how many (batch, KV head) pairs the launch order
+    /// interleaves (at least 1; see the kernels' `order` module): the blocks of one pair
+    /// start this many blocks apart, so each finds the tile before it in turn already under
+    /// way. Unused in fast mode and by the `mma.sync` kernels.
+    pub order_heads: u32,
     /// Unused; keeps the layout.
-    pub reserved: u64,
+    pub reserved: u32,
     /// Dropout arguments (read by the dropout kernels only).
     pub dropout: DropoutArgs,
 }

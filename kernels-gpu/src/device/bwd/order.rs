@@ -11,11 +11,23 @@
 //! next key tile ([`AttnMask::next_key_tile`], looked up where the kernel has registers to
 //! spare). Waiting needs no mask arithmetic.
 //!
-//! Blocks start from the highest key tile (`blockIdx.x` 0 takes the last tile) and so only
-//! ever wait for blocks with a lower index, which the GPU dispatches first (FlashAttention 3
-//! relies on the same order): no deadlock when the grid exceeds what is resident. With
-//! causal masks that is also the order in which the blocks reach a query tile.
+//! Launch order ([`block_key_tile`], [`block_coords`]): the blocks of each (batch, KV head)
+//! pair take the key tiles from the highest down, so a block only ever waits for blocks with a
+//! lower linear index, which the GPU dispatches first (FlashAttention 3 relies on the same
+//! order): no deadlock when the grid exceeds what is resident. With causal masks that is also
+//! the order in which the blocks reach a query tile. Without a mask, every block of a pair
+//! walks the query tiles from the first, so a block that starts together with the one before it
+//! in turn waits a whole step for it at every tile: blocks of one pair started side by side
+//! form a pipeline that fills one step per block. So the `wgmma` kernels' order interleaves
+//! `order_heads` pairs (`BwdParams::order_heads`, chosen by the host from the number of
+//! resident blocks and the steps per block): rank 0 of each of them, then rank 1 of each, and
+//! so on, which starts a pair's consecutive tiles at least a step apart once the first wave has
+//! passed, while the blocks in flight still cover few pairs (their Q, dO and dQ stay in L2).
+//! The pair then no longer comes from a special register, and the two live registers more made
+//! ptxas spill in some kernels: the `wgmma` kernel keeps it in shared memory and reads it where
+//! used. The `mma.sync` kernels keep FlashAttention 2's order.
 
+use crate::block::interleaved_key_block;
 use crate::device::ptx;
 use crate::mask::AttnMask;
 use crate::params::BwdParams;
@@ -26,8 +38,9 @@ pub(super) fn ordered(p: &BwdParams) -> bool {
     p.dq_order != 0
 }
 
-/// The key tile of this block: `blockIdx.x` in fast mode, the tiles from the last one down in
-/// deterministic mode (see the module docs).
+/// The key tile of an `mma.sync` backward block (FlashAttention 2's launch order, no pairs
+/// interleaved): `blockIdx.x` in fast mode, the tiles from the last one down in
+/// deterministic mode.
 ///
 /// # Safety
 /// Launched with one block per key tile (`gridDim.x` = `⌈seqlen_k / BN⌉`).
@@ -38,6 +51,22 @@ pub(super) unsafe fn block_key_tile<const BN: usize>(p: &BwdParams) -> u32 {
         true => p.dims.seqlen_k.div_ceil(BN as u32) - 1 - x,
         false => x,
     }
+}
+
+/// The `(key tile, KV head, batch)` of a `wgmma` backward block: the block index in fast
+/// mode; in deterministic mode, [`interleaved_key_block`] of the linear block index with
+/// `order_heads` pairs per group (see the module docs).
+///
+/// # Safety
+/// Launched with grid `(⌈seqlen_k / BN⌉, heads_kv, batch)`.
+#[inline(always)]
+pub(super) unsafe fn block_coords(p: &BwdParams) -> (u32, u32, u32) {
+    let (x, y, z) = ptx::ctaid();
+    if !ordered(p) {
+        return (x, y, z);
+    }
+    let grid = ptx::nctaid();
+    interleaved_key_block(x + grid.0 * (y + grid.1 * z), grid, p.order_heads)
 }
 
 /// The turn counter of query tile `i` (of `BM` rows) of `head` in `batch`.

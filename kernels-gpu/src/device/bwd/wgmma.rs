@@ -35,16 +35,19 @@
 //!
 //! Shared memory (dynamic, 1024-byte aligned; the layout and size of
 //! [`crate::config::BwdTile::smem_bytes`] with the head dim as pitch): K, V `[BN][D]`, two
-//! buffers of Q and of dO `[BM][D]`, dSᵀ `[BN][BM]`, all in the layout of [`crate::gmma`],
-//! then two buffers of LSE and D `[BM]` f32. Registers per thread: dK and dV `D/2` f32
-//! each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, dQ 32 f32. Sync points: two `bar.sync` per query
-//! tile, (A) and (B) (in deterministic mode with dropout a third after the dQ adds, and
-//! without one after the last tile's); each warpgroup waits for its own products only.
-//! Writes the async proxy reads (the `cp.async` tiles, dSᵀ) are fenced by their writers
-//! (`fence.proxy.async`) before the barrier that publishes them.
+//! buffers of Q and of dO `[BM][D]`, dSᵀ `[BN][BM]`, all in the layout of [`crate::gmma`], then
+//! two buffers of LSE and D `[BM]` f32, then the block's record of its (KV head, batch) and key
+//! tile ([`BlockRecord`], written by thread 0 before a first barrier). Registers per thread: dK
+//! and dV `D/2` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, dQ 32 f32. Sync points: one
+//! `bar.sync` at the start (the record), two per query tile, (A) and (B) (in deterministic mode
+//! with dropout a third after the dQ adds, and without one after the last tile's); each
+//! warpgroup waits for its own products only. Writes the async proxy reads (the `cp.async`
+//! tiles, dSᵀ) are fenced by their writers (`fence.proxy.async`) before the barrier that
+//! publishes them.
 
 use super::stats::QueryStats;
 use super::{block_for, d_score, next_query_tile, order, store_dkv};
+use crate::block::BlockInfo;
 use crate::device::dropout::{mark_dropped, rng_for};
 use crate::device::elem::Elem;
 use crate::device::frag::{AccTile, FragPos, NonNegative, PackedTile, RegFragments, ThreadPos};
@@ -90,12 +93,64 @@ pub unsafe fn flash_bwd_wgmma<
     if smem.base % 1024 != 0 {
         core::arch::nvptx::trap(); // the 128-byte swizzle's atoms are 1024-byte aligned
     }
-    let (_, kv_head, batch) = ptx::ctaid();
-    let n = order::block_key_tile::<BN>(p);
-    key_tile::<E, M, D, BM, D_TILES, Q_TILES, DROPOUT>(p, smem, n, kv_head, batch);
+    let (n, kv_head, batch) = order::block_coords(p);
+    let record = smem.record();
+    if ptx::tid_x() == 0 {
+        ptx::st_shared_u32(record.at, kv_head);
+        ptx::st_shared_u32(record.at + 4, batch);
+        ptx::st_shared_u32(record.at + 8, n);
+    }
+    ptx::bar_sync(); // the block's record visible
+    key_tile::<E, M, D, BM, D_TILES, Q_TILES, DROPOUT>(p, smem, record);
 }
 
-/// One key tile `n` of the block: the loop of the module docs.
+/// The block's (KV head, batch) and key tile, kept in shared memory ([`Smem::record`]) and
+/// loaded where used. In deterministic mode they come from arithmetic on the block index
+/// ([`order::block_coords`]) instead of special registers ptxas can read again at will, and
+/// keeping them live across the loop made ptxas spill.
+#[derive(Clone, Copy)]
+struct BlockRecord {
+    at: u32,
+}
+
+impl BlockRecord {
+    /// The KV head.
+    #[inline(always)]
+    fn kv_head(self) -> u32 {
+        // SAFETY: the record's address in the block's shared memory, written before the
+        // kernel's first barrier.
+        unsafe { ptx::ld_volatile_shared_u32(self.at) }
+    }
+
+    /// The batch entry.
+    #[inline(always)]
+    fn batch(self) -> u32 {
+        // SAFETY: as `kv_head`.
+        unsafe { ptx::ld_volatile_shared_u32(self.at + 4) }
+    }
+
+    /// The key tile.
+    #[inline(always)]
+    fn key_tile(self) -> u32 {
+        // SAFETY: as `kv_head`.
+        unsafe { ptx::ld_volatile_shared_u32(self.at + 8) }
+    }
+
+    /// The block information of query head `head` (of this KV head's group).
+    #[inline(always)]
+    fn block(self, p: &BwdParams, head: u32) -> BlockInfo {
+        block_for(p, self.batch(), self.kv_head(), head)
+    }
+
+    /// The block information of the KV head (its first query head).
+    #[inline(always)]
+    fn kv_block(self, p: &BwdParams) -> BlockInfo {
+        let group = p.dims.heads_q / p.dims.heads_kv;
+        self.block(p, self.kv_head() * group)
+    }
+}
+
+/// The block's key tile (`record.key_tile()`): the loop of the module docs.
 #[inline(always)]
 unsafe fn key_tile<
     E: Elem,
@@ -108,14 +163,12 @@ unsafe fn key_tile<
 >(
     p: &BwdParams,
     smem: Smem<D, BM>,
-    n: u32,
-    kv_head: u32,
-    batch: u32,
+    record: BlockRecord,
 ) {
     let me = ThreadPos::current();
     let dims = &p.dims;
-    let key0 = n * BN as u32;
-    let kv_block = block_for(p, batch, kv_head, kv_head * (dims.heads_q / dims.heads_kv));
+    let key0 = record.key_tile() * BN as u32;
+    let kv_block = record.kv_block(p);
     let k_src = (p.k.ptr as *const u16).add(kv_block.key_offset(&p.k, key0) as usize);
     let v_src = (p.v.ptr as *const u16).add(kv_block.key_offset(&p.v, key0) as usize);
     let keys_left = dims.seqlen_k - key0;
@@ -123,9 +176,10 @@ unsafe fn key_tile<
         .load_async::<WARPS>(k_src, p.k.strides.row, keys_left, dims.head_dim, me.tid);
     smem.v()
         .load_async::<WARPS>(v_src, p.v.strides.row, keys_left, dims.head_dim, me.tid);
-    let mut cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, None, n);
+    let mut cur =
+        next_query_tile::<M, BM, BN>(p, record.batch(), record.kv_head(), None, record.key_tile());
     if let Some((head, i)) = cur {
-        smem.load_query_tile(p, &block_for(p, batch, kv_head, head), i, 0, me.tid);
+        smem.load_query_tile(p, &record.block(p, head), i, 0, me.tid);
     }
     ptx::cp_async_commit_group();
     let warp = ptx::shfl_sync_idx_u32(me.warp, 0); // warp-uniform for ptxas
@@ -143,7 +197,6 @@ unsafe fn key_tile<
     let defer_pass = !DROPOUT;
     let mut passing = (0, 0, 0);
     while let Some((head, i)) = cur {
-        let block = block_for(p, batch, kv_head, head);
         let row0 = i * BM as u32;
         ptx::cp_async_wait_group::<0>();
         smem.stats().finish(buf, row0, dims.seqlen_q, me.tid);
@@ -151,20 +204,25 @@ unsafe fn key_tile<
         ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
         if defer_pass && me.tid == 0 && order::ordered(p) {
             let (h, t, next) = passing; // every warp's adds to tile t were issued before (A)
-            order::pass_turn_to::<BM>(p, (batch, h, t), next);
+            order::pass_turn_to::<BM>(p, (record.batch(), h, t), next);
         }
-        if let Some((h, i)) = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n) {
-            let next_block = block_for(p, batch, kv_head, h);
-            smem.load_query_tile(p, &next_block, i, buf ^ 1, me.tid);
+        if let Some((h, i)) = next_query_tile::<M, BM, BN>(
+            p,
+            record.batch(),
+            record.kv_head(),
+            Some((head, i)),
+            record.key_tile(),
+        ) {
+            smem.load_query_tile(p, &record.block(p, h), i, buf ^ 1, me.tid);
             ptx::cp_async_commit_group();
         }
         // The tiles' addresses made opaque per step: their `wgmma` descriptors (up to 64
         // registers at d = 128) are recomputed where used, not hoisted out of the loop.
         let smem = smem.opaque();
         let (q, d_o, stats) = (smem.q(buf), smem.d_o(buf), smem.stats());
-        let mask = M::new(&p.mask, &block);
+        let mask = M::new(&p.mask, &record.block(p, head));
         if me.tid == 0 && order::ordered(p) {
-            order::open_turn::<M, BM, BN>(p, &mask, (batch, head, i), n);
+            order::open_turn::<M, BM, BN>(p, &mask, (record.batch(), head, i), record.key_tile());
         }
         // Sᵀ and dPᵀ on the tensor cores; Pᵀ is computed while dPᵀ runs, except in 128-row
         // query tiles, where dPᵀ's 64 accumulators live across that made ptxas spill: there
@@ -181,7 +239,7 @@ unsafe fn key_tile<
             ptx::wgmma_wait_group::<0>();
         }
         ptx::wgmma_fence_operands(pt.tiles_mut::<Q_TILES>(0, 0));
-        let key_base = key0 + warp_k0;
+        let key_base = record.key_tile() * BN as u32 + warp_k0;
         // Masks that modify scores (a window with ALiBi): Sᵀ becomes the logits, whose
         // derivative is one value for the whole tile. The softcap's derivative differs per
         // score; keeping it spills (64–848 B), so capped calls take `mma.sync`
@@ -191,14 +249,14 @@ unsafe fn key_tile<
             if mask.capped() {
                 core::arch::nvptx::trap();
             }
-            let slope = M::slope(&p.mask, batch, head);
+            let slope = M::slope(&p.mask, record.batch(), head);
             pt.for_each_mut(|_, r, nt, c, x| {
                 let (row, key) = (row0 + pos.col(nt, c), key_base + pos.row(0, r));
                 *x = mask.score_as::<false>(row, key, *x, slope);
             });
         }
         stats.probabilities(&mut pt, buf, pos, p.scale_log2);
-        if mask.tile_needs_mask(row0, BM as u32, n, BN as u32) {
+        if mask.tile_needs_mask(row0, BM as u32, record.key_tile(), BN as u32) {
             pt.for_each_mut(|_, r, nt, c, x| {
                 if !mask.visible(row0 + pos.col(nt, c), key_base + pos.row(0, r)) {
                     *x = 0.0;
@@ -206,7 +264,7 @@ unsafe fn key_tile<
             });
         }
         if DROPOUT {
-            let rng = rng_for(&p.dropout, batch, head, dims.heads_q);
+            let rng = rng_for(&p.dropout, record.batch(), head, dims.heads_q);
             mark_dropped(&rng, &mut pt, key_base, row0, pos);
         }
         let pt = PackedTile::pack::<E>(&pt);
@@ -240,7 +298,7 @@ unsafe fn key_tile<
         }
         ptx::fence_proxy_async_shared_cta(); // dSᵀ, for `wgmma`
         if me.tid == 0 && order::ordered(p) {
-            order::wait_for_turn::<BM>(p, batch, head, i, n);
+            order::wait_for_turn::<BM>(p, record.batch(), head, i, record.key_tile());
         }
         ptx::bar_sync(); // (B) dSᵀ complete
                          // dQᵢ = dS·Kⱼ: warpgroup `wg` takes query rows 64·wg .. (BM = 128) or columns
@@ -262,7 +320,7 @@ unsafe fn key_tile<
         // `BwdParams::dq_accum`): the adds need no bounds checks.
         for r in 0..2 {
             let row = 64 * row_block + 16 * (warp % 4) + pos.row(0, r);
-            let row_at = block.query_offset(&p.dq_accum, row0 + row);
+            let row_at = record.block(p, head).query_offset(&p.dq_accum, row0 + row);
             let row_at = (p.dq_accum.ptr as *mut f32).add(row_at as usize);
             for nt in 0..BLOCK_COLS / 8 {
                 let col = 64 * col_block + pos.col(nt, 0);
@@ -271,26 +329,38 @@ unsafe fn key_tile<
             }
         }
         if defer_pass && me.tid == 0 && order::ordered(p) {
-            passing = (head, i, order::next_in_turn::<M, BM, BN>(&mask, i, n));
+            passing = (
+                head,
+                i,
+                order::next_in_turn::<M, BM, BN>(&mask, i, record.key_tile()),
+            );
         } else if !defer_pass && order::ordered(p) {
             ptx::bar_sync(); // every warp's adds to tile i were issued
             if me.tid == 0 {
-                let next = order::next_in_turn::<M, BM, BN>(&mask, i, n);
-                order::pass_turn_to::<BM>(p, (batch, head, i), next);
+                let next = order::next_in_turn::<M, BM, BN>(&mask, i, record.key_tile());
+                order::pass_turn_to::<BM>(p, (record.batch(), head, i), next);
             }
         }
-        cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);
+        cur = next_query_tile::<M, BM, BN>(
+            p,
+            record.batch(),
+            record.kv_head(),
+            Some((head, i)),
+            record.key_tile(),
+        );
         buf ^= 1;
     }
     if defer_pass && order::ordered(p) {
         ptx::bar_sync(); // every warp's adds to the last tile were issued
         if me.tid == 0 {
             let (h, t, next) = passing;
-            order::pass_turn_to::<BM>(p, (batch, h, t), next);
+            order::pass_turn_to::<BM>(p, (record.batch(), h, t), next);
         }
     }
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
-    store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key0 + warp_k0, 0, pos, &dk, &dv);
+    let kv_block = record.kv_block(p); // read again: kept live across the loop, it spilled
+    let key_base = record.key_tile() * BN as u32 + warp_k0;
+    store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key_base, 0, pos, &dk, &dv);
 }
 
 /// Issues and commits a warpgroup's `Sᵀ = K·Qᵀ` (or `dPᵀ = V·dOᵀ`): its 64 rows of `keys`
@@ -403,6 +473,15 @@ impl<const D: usize, const BM: usize> Smem<D, BM> {
     fn stats(self) -> QueryStats<BM> {
         let ds = GmmaTile::<BN, BM>::BYTES;
         QueryStats::at(self.base + 2 * Self::KV + 4 * Self::QTILE + ds)
+    }
+
+    /// The block's record of its (KV head, batch) and key tile, after LSE and D.
+    #[inline(always)]
+    fn record(self) -> BlockRecord {
+        let ds = GmmaTile::<BN, BM>::BYTES;
+        BlockRecord {
+            at: self.base + 2 * Self::KV + 4 * Self::QTILE + ds + 16 * BM as u32,
+        }
     }
 
     /// Issues the copies of query tile `i` into buffer `buf`: Q and dO (rows past the

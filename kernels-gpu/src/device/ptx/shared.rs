@@ -70,6 +70,19 @@ pub unsafe fn st_shared_v2_f32(addr: u32, a: f32, b: f32) {
     asm!("st.shared.v2.f32 [{addr}], {{{a}, {b}}};", addr = in(reg32) addr, a = in(reg32) a, b = in(reg32) b, options(nostack));
 }
 
+/// `ld.volatile.shared.u32`: loads 4 bytes from shared address `addr` where it is used, never
+/// merged with another load of it, so the value lives in a register only briefly (for values
+/// that would otherwise stay live across a whole loop).
+///
+/// # Safety
+/// As [`st_shared_u32`].
+#[inline(always)]
+pub unsafe fn ld_volatile_shared_u32(addr: u32) -> u32 {
+    let v: u32;
+    asm!("ld.volatile.shared.u32 {v}, [{addr}];", v = out(reg32) v, addr = in(reg32) addr, options(nostack));
+    v
+}
+
 /// Loads 4 bytes from shared address `addr`.
 ///
 /// # Safety

@@ -39,6 +39,21 @@ pub unsafe fn nctaid_x() -> u32 {
     v
 }
 
+/// `%nctaid.x`, `%nctaid.y`, `%nctaid.z`.
+///
+/// # Safety
+/// Always safe to execute.
+#[inline(always)]
+pub unsafe fn nctaid() -> (u32, u32, u32) {
+    let (x, y, z): (u32, u32, u32);
+    asm!(
+        "mov.u32 {x}, %nctaid.x;", "mov.u32 {y}, %nctaid.y;", "mov.u32 {z}, %nctaid.z;",
+        x = out(reg32) x, y = out(reg32) y, z = out(reg32) z,
+        options(pure, nomem, nostack)
+    );
+    (x, y, z)
+}
+
 /// `bar.sync 0`: block-wide barrier; orders shared-memory accesses of the block. Emitted
 /// through LLVM's `llvm.nvvm.barrier0`, which LLVM knows to be convergent: an inline-asm
 /// barrier may be duplicated into both arms of a branch (jump threading), after which the
