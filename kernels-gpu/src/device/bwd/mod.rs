@@ -175,7 +175,7 @@ unsafe fn key_tile<
         .load_async::<D, WARPS>(k_src, p.k.strides.row, keys_left, dims.head_dim, me.tid);
     smem.v
         .load_async::<D, WARPS>(v_src, p.v.strides.row, keys_left, dims.head_dim, me.tid);
-    let mut cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, None, n);
+    let mut cur = next_query_tile::<M, BM, BN, DROPOUT>(p, batch, kv_head, None, n);
     if let Some((head, i)) = cur {
         smem.load_query_tile::<D, WARPS>(p, &block_for(p, batch, kv_head, head), i, 0, me.tid);
     }
@@ -202,7 +202,9 @@ unsafe fn key_tile<
             smem.flush_dq::<D>(p, batch, kv_head, me.tid);
         }
         // `next` is looked up again at the end rather than kept live through the step.
-        if let Some((h, i)) = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n) {
+        if let Some((h, i)) =
+            next_query_tile::<M, BM, BN, DROPOUT>(p, batch, kv_head, Some((head, i)), n)
+        {
             let next_block = block_for(p, batch, kv_head, h);
             smem.load_query_tile::<D, WARPS>(p, &next_block, i, buf ^ 1, me.tid);
             ptx::cp_async_commit_group();
@@ -362,7 +364,7 @@ unsafe fn key_tile<
                 order::pass_turn_to::<BM>(p, (batch, head, i), next_turn);
             }
         }
-        cur = next_query_tile::<M, BM, BN>(p, batch, kv_head, Some((head, i)), n);
+        cur = next_query_tile::<M, BM, BN, DROPOUT>(p, batch, kv_head, Some((head, i)), n);
         buf ^= 1;
     }
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
@@ -509,8 +511,10 @@ fn logits_and_grads<M: AttnMask, const CAP: bool, const Q_TILES: usize>(
 
 /// The query tile after `after` (`None`: the first) among those of the KV head's query heads
 /// that see key tile `n`, as `(query head, tile index)`; heads in order, tiles in order.
+/// `LEAN` as in [`AttnMask::query_tile_at_or_after`] (the `mma.sync` kernels pass their
+/// `DROPOUT`: their general mask's jump spilled with dropout).
 #[inline(always)]
-fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize>(
+fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize, const LEAN: bool>(
     p: &BwdParams,
     batch: u32,
     kv_head: u32,
@@ -526,7 +530,7 @@ fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize>(
     while head < (kv_head + 1) * group {
         // SAFETY: the launch's host-validated mask arguments.
         let mask = unsafe { M::new(&p.mask, &block_for(p, batch, kv_head, head)) };
-        if let Some(i) = mask.query_tile_at_or_after(i, BM as u32, n, BN as u32) {
+        if let Some(i) = mask.query_tile_at_or_after::<LEAN>(i, BM as u32, n, BN as u32) {
             return Some((head, i));
         }
         head += 1;

@@ -59,6 +59,7 @@ pub(super) unsafe fn block_key_tile<const BN: usize>(p: &BwdParams) -> u32 {
 ///
 /// # Safety
 /// Launched with grid `(⌈seqlen_k / BN⌉, heads_kv, batch)`.
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code (the `wgmma` backward)
 #[inline(always)]
 pub(super) unsafe fn block_coords(p: &BwdParams) -> (u32, u32, u32) {
     let (x, y, z) = ptx::ctaid();

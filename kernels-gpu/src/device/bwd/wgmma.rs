@@ -176,8 +176,13 @@ unsafe fn key_tile<
         .load_async::<WARPS>(k_src, p.k.strides.row, keys_left, dims.head_dim, me.tid);
     smem.v()
         .load_async::<WARPS>(v_src, p.v.strides.row, keys_left, dims.head_dim, me.tid);
-    let mut cur =
-        next_query_tile::<M, BM, BN>(p, record.batch(), record.kv_head(), None, record.key_tile());
+    let mut cur = next_query_tile::<M, BM, BN, false>(
+        p,
+        record.batch(),
+        record.kv_head(),
+        None,
+        record.key_tile(),
+    );
     if let Some((head, i)) = cur {
         smem.load_query_tile(p, &record.block(p, head), i, 0, me.tid);
     }
@@ -206,7 +211,7 @@ unsafe fn key_tile<
             let (h, t, next) = passing; // every warp's adds to tile t were issued before (A)
             order::pass_turn_to::<BM>(p, (record.batch(), h, t), next);
         }
-        if let Some((h, i)) = next_query_tile::<M, BM, BN>(
+        if let Some((h, i)) = next_query_tile::<M, BM, BN, false>(
             p,
             record.batch(),
             record.kv_head(),
@@ -341,7 +346,7 @@ unsafe fn key_tile<
                 order::pass_turn_to::<BM>(p, (record.batch(), head, i), next);
             }
         }
-        cur = next_query_tile::<M, BM, BN>(
+        cur = next_query_tile::<M, BM, BN, false>(
             p,
             record.batch(),
             record.kv_head(),

@@ -76,6 +76,7 @@ pub unsafe fn st_shared_v2_f32(addr: u32, a: f32, b: f32) {
 ///
 /// # Safety
 /// As [`st_shared_u32`].
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code (the `wgmma` backward)
 #[inline(always)]
 pub unsafe fn ld_volatile_shared_u32(addr: u32) -> u32 {
     let v: u32;

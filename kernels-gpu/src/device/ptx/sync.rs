@@ -43,6 +43,7 @@ pub unsafe fn nctaid_x() -> u32 {
 ///
 /// # Safety
 /// Always safe to execute.
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code (the `wgmma` backward)
 #[inline(always)]
 pub unsafe fn nctaid() -> (u32, u32, u32) {
     let (x, y, z): (u32, u32, u32);
