@@ -121,12 +121,14 @@ pub struct BwdTile {
     /// into the accumulator by the bulk copy engine, one reduction per row (sm_90), instead
     /// of by atomic adds from registers.
     pub staged_dq: bool,
-    /// The block keeps its (KV head, batch) in [`BWD_BLOCK_RECORD_BYTES`] at the end of its
-    /// shared memory (the `wgmma` kernels, whose deterministic launch order computes them).
+    /// The block keeps its (KV head, batch, key tile) in [`BWD_BLOCK_RECORD_BYTES`] at the end
+    /// of its shared memory (the `wgmma` kernels, whose deterministic launch order computes
+    /// them).
     pub block_record: bool,
 }
 
-/// Bytes of the backward block's record of its (KV head, batch) ([`BwdTile::block_record`]).
+/// Bytes of the backward block's record of its (KV head, batch, key tile)
+/// ([`BwdTile::block_record`]).
 pub const BWD_BLOCK_RECORD_BYTES: usize = 16;
 
 impl BwdTile {

@@ -96,9 +96,7 @@ pub unsafe fn flash_bwd_wgmma<
     let (n, kv_head, batch) = order::block_coords(p);
     let record = smem.record();
     if ptx::tid_x() == 0 {
-        ptx::st_shared_u32(record.at, kv_head);
-        ptx::st_shared_u32(record.at + 4, batch);
-        ptx::st_shared_u32(record.at + 8, n);
+        record.write(kv_head, batch, n);
     }
     ptx::bar_sync(); // the block's record visible
     key_tile::<E, M, D, BM, D_TILES, Q_TILES, DROPOUT>(p, smem, record);
@@ -114,26 +112,39 @@ struct BlockRecord {
 }
 
 impl BlockRecord {
+    /// Byte offsets of the record's words.
+    const KV_HEAD: u32 = 0;
+    const BATCH: u32 = 4;
+    const KEY_TILE: u32 = 8;
+
+    /// Writes the record (one thread, before a barrier).
+    #[inline(always)]
+    unsafe fn write(self, kv_head: u32, batch: u32, key_tile: u32) {
+        ptx::st_shared_u32(self.at + Self::KV_HEAD, kv_head);
+        ptx::st_shared_u32(self.at + Self::BATCH, batch);
+        ptx::st_shared_u32(self.at + Self::KEY_TILE, key_tile);
+    }
+
     /// The KV head.
     #[inline(always)]
     fn kv_head(self) -> u32 {
         // SAFETY: the record's address in the block's shared memory, written before the
         // kernel's first barrier.
-        unsafe { ptx::ld_volatile_shared_u32(self.at) }
+        unsafe { ptx::ld_volatile_shared_u32(self.at + Self::KV_HEAD) }
     }
 
     /// The batch entry.
     #[inline(always)]
     fn batch(self) -> u32 {
         // SAFETY: as `kv_head`.
-        unsafe { ptx::ld_volatile_shared_u32(self.at + 4) }
+        unsafe { ptx::ld_volatile_shared_u32(self.at + Self::BATCH) }
     }
 
     /// The key tile.
     #[inline(always)]
     fn key_tile(self) -> u32 {
         // SAFETY: as `kv_head`.
-        unsafe { ptx::ld_volatile_shared_u32(self.at + 8) }
+        unsafe { ptx::ld_volatile_shared_u32(self.at + Self::KEY_TILE) }
     }
 
     /// The block information of query head `head` (of this KV head's group).
