@@ -18,7 +18,8 @@ and `ratio_vs_fast`, our fast time over our deterministic time on that shape.
 Decode rows (`op` = `decode`, from `flash-attn-bench --op decode`) time SDPA on one new query
 over the whole context: q [B, Hq, 1, d], K and V [B, Hkv, N, d] with `enable_gqa=True`, under
 the flash and cuDNN backends (a backend that rejects the call reads null, with its error).
-They get `torch_{flash,cudnn}_ms`, the effective bandwidth `torch_*_gbps` (the same K and V
+Our rows carry `host_us`, the host's time inside one call (checks and launches). They get
+`torch_{flash,cudnn}_ms`, the effective bandwidth `torch_*_gbps` (the same K and V
 bytes as ours over PyTorch's time), `ratio_vs_cudnn` (our time over cuDNN's: ≤ 1 is the
 target) and `speedup_vs_flash` (flash's time over ours: ≥ 1.2 is the target). Our paged rows
 are compared with the same contiguous PyTorch call (SDPA has no paged cache).
@@ -162,11 +163,11 @@ def decode_main(rows, dst, reps, driver):
             row["driver"] = driver
     json.dump(rows, open(dst, "w"), indent=1)
     fmt = lambda x, w=8, p=1: f"{x:{w}.{p}f}" if x is not None else " " * (w - 3) + "n/a"
-    print(f"{'b':>3} {'n':>6} {'hkv':>3} {'layout':<10} {'meta':<6} {'spl':>3} {'ours us':>8} {'GB/s':>6} {'cudnn us':>8} {'flash us':>8} {'ours/cudnn':>10} {'flash/ours':>10}")
+    print(f"{'b':>3} {'n':>6} {'hkv':>3} {'layout':<10} {'meta':<6} {'spl':>3} {'ours us':>8} {'GB/s':>6} {'host us':>7} {'cudnn us':>8} {'flash us':>8} {'ours/cudnn':>10} {'flash/ours':>10}")
     for r in rows:
         us = lambda ms: ms * 1e3 if ms is not None else None
         print(
-            f"{r['b']:>3} {r['n']:>6} {r['h_kv']:>3} {r['layout']:<10} {r.get('meta', 'device'):<6} {r['splits']:>3} {fmt(us(r['ours_ms']))} {r['ours_gbps']:6.0f}"
+            f"{r['b']:>3} {r['n']:>6} {r['h_kv']:>3} {r['layout']:<10} {r.get('meta', 'device'):<6} {r['splits']:>3} {fmt(us(r['ours_ms']))} {r['ours_gbps']:6.0f} {fmt(r.get('host_us'), 7)}"
             f" {fmt(us(r.get('torch_cudnn_ms')))} {fmt(us(r.get('torch_flash_ms')))} {fmt(r['ratio_vs_cudnn'], 10, 2)} {fmt(r['speedup_vs_flash'], 10, 2)}"
         )
 

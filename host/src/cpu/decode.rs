@@ -261,8 +261,9 @@ fn check_call<T>(
     // Every key the call writes or reads must exist.
     let mut cached = alloc::with_capacity(shape.batch, "cache lengths")?;
     let mut max_keys = 0;
-    let page = |b: usize, slot: usize| block_table.map_or(0, |t| t[[b, slot]]);
-    check_decode_lengths(&shape, seqlens, min_keys, page, |_, keys| {
+    let table = block_table.map(|t| t.as_standard_layout().into_owned());
+    let table = table.as_ref().and_then(|t| t.as_slice()).unwrap_or(&[]);
+    check_decode_lengths(&shape, seqlens, min_keys, table, |_, keys| {
         cached.push(keys - shape.appended);
         max_keys = max_keys.max(keys);
         Ok(())

@@ -1,8 +1,11 @@
 //! How many key splits a decode call uses.
 
-/// Fewest keys per split the automatic choice accepts: below this, the partial results and
-/// the combine cost more than the parallelism gains.
-const MIN_KEYS_PER_SPLIT: usize = 512;
+/// Fewest keys per split the automatic choice accepts (one 16-key step for each warp of an
+/// 8-warp block): below this, the partial results and the combine cost more than the
+/// parallelism gains. Measured on the H100, B = 1, Hkv = 1, 8K keys, with the combine's loads
+/// in flight together: 16 / 32 / 48 / 64 splits took 25.9 / 24.2 / 21.8 / 23.3 µs
+/// (docs/perf-notes.md, decode v6; 512 keys, the floor before, gave 16).
+const MIN_KEYS_PER_SPLIT: usize = 128;
 
 /// Most splits the automatic choice takes (callers may ask for up to
 /// [`flash_attn_kernels::config::MAX_DECODE_SPLITS`]). Measured on the H100, B = 1, Hkv = 1:
@@ -14,7 +17,7 @@ const AUTO_MAX_SPLITS: usize = 64;
 /// blocks over at most `max_keys` keys on a GPU that holds `resident` decode blocks at once
 /// (SMs × blocks per SM): 1 when the blocks already fill half of it, else as many splits as
 /// fit in one wave (rounded down: a second, mostly idle wave costs more than a few idle
-/// slots), each split holding at least 512 keys, at most 64 splits.
+/// slots), each split holding at least 128 keys, at most 64 splits.
 pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize) -> usize {
     let blocks = blocks.max(1);
     if 2 * blocks >= resident {
@@ -35,17 +38,20 @@ mod tests {
         assert_eq!(decode_splits(264, 512, 32 * 1024), 1);
         // B = 1, Hkv = 8, 32K keys: 264 / 8 = 33 splits of ~1K keys.
         assert_eq!(decode_splits(264, 8, 32 * 1024), 33);
-        // B = 1, Hkv = 1, 8K keys: at least 512 keys per split.
-        assert_eq!(decode_splits(132, 1, 8 * 1024), 16);
+        // B = 1, Hkv = 1, 8K keys: capped at 64 splits of 128 keys.
+        assert_eq!(decode_splits(132, 1, 8 * 1024), 64);
+        assert_eq!(decode_splits(132, 1, 4 * 1024), 32);
         // One block per SM: 132 / 8 = 16 (rounded down: 17 would need a second wave).
         assert_eq!(decode_splits(132, 8, 32 * 1024), 16);
         assert_eq!(decode_splits(132, 64, 32 * 1024), 2);
         assert_eq!(decode_splits(132, 66, 32 * 1024), 1);
         // B = 1, Hkv = 1, 128K keys: capped at 64.
         assert_eq!(decode_splits(264, 1, 128 * 1024), 64);
-        // Short caches are not split below 512 keys per split.
-        assert_eq!(decode_splits(264, 1, 1000), 1);
-        assert_eq!(decode_splits(264, 1, 1024), 2);
+        // Short caches are not split below 128 keys per split.
+        assert_eq!(decode_splits(264, 1, 1000), 7);
+        assert_eq!(decode_splits(264, 1, 1024), 8);
+        assert_eq!(decode_splits(264, 1, 255), 1);
+        assert_eq!(decode_splits(264, 1, 256), 2);
         assert_eq!(decode_splits(264, 1, 100), 1);
         assert_eq!(decode_splits(264, 0, 0), 1);
         // Blocks filling half the GPU are not split.

@@ -165,16 +165,10 @@ pub(super) fn check_cache<T: Element>(
         ),
     };
     let mut max_keys = 0;
-    check_decode_lengths(
-        &shape,
-        &lens,
-        min_keys,
-        |b, slot| table[b * max_pages + slot],
-        |_, keys| {
-            max_keys = max_keys.max(keys);
-            Ok(())
-        },
-    )?;
+    check_decode_lengths(&shape, &lens, min_keys, &table, |_, keys| {
+        max_keys = max_keys.max(keys);
+        Ok(())
+    })?;
     Ok(CacheCall { shape, max_keys })
 }
 

@@ -78,14 +78,30 @@ impl KvLayout {
         if self.block_table == 0 {
             (batch, key)
         } else {
-            let slot =
-                batch as usize * self.table_stride as usize + (key / self.page_size) as usize;
-            let page = *(self.block_table as *const i32).add(slot);
             (
-                page.max(0).min(self.entries as i32 - 1) as u32,
+                self.clamp_page(self.table_entry(batch, key)),
                 key % self.page_size,
             )
         }
+    }
+
+    /// The block-table entry of the page holding key `key` of batch entry `batch`, as stored
+    /// (unchecked: pass it through [`KvLayout::clamp_page`] before use). Kept apart from the
+    /// clamp so that a kernel can load entries early and wait for them only where used.
+    ///
+    /// # Safety
+    /// The block table is set; `key < capacity`, and it has `capacity / page_size` readable
+    /// entries per batch row.
+    #[inline(always)]
+    pub unsafe fn table_entry(&self, batch: u32, key: u32) -> i32 {
+        let slot = batch as usize * self.table_stride as usize + (key / self.page_size) as usize;
+        *(self.block_table as *const i32).add(slot)
+    }
+
+    /// A block-table entry clamped into the pool's pages `0 .. entries`.
+    #[inline(always)]
+    pub fn clamp_page(&self, entry: i32) -> u32 {
+        entry.max(0).min(self.entries as i32 - 1) as u32
     }
 }
 

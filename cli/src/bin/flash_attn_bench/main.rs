@@ -7,8 +7,8 @@
 //! `--op decode` times the decode path instead (`attn_with_kvcache`: one new token, Hq = 32,
 //! Hkv ∈ {1, 8}, d = 128, bf16, B ∈ {1, 8, 64}, contexts 1K to 128K where K and V fit in
 //! 24 GB, contiguous and paged caches with pages of 16 and 256 keys): rows with `op` =
-//! `decode`, latency and the effective bandwidth (bytes of K and V read ÷ time), the splits
-//! and the kernel launches per call.
+//! `decode`, latency and the effective bandwidth (bytes of K and V read ÷ time), the splits,
+//! the kernel launches per call and the host's time inside a call (`host_us`).
 //!
 //! `--op masks` times the mask family and varlen instead (see `masks.rs`): rows with a `mask`
 //! key, N = 16K and 64K (`--quick`: 16K; `--n` picks one).
@@ -448,6 +448,22 @@ fn write_rows(out: Option<std::path::PathBuf>, json: &[serde_json::Value]) {
     }
 }
 
+/// The median time the host spends inside one call of `f` (its checks and launches; the GPU
+/// work it queues is not waited for), in µs: each call starts on an idle stream, as in
+/// [`time_ms`], so queueing never blocks it.
+fn host_time_us(dev: &Device, reps: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        dev.synchronize()?;
+        let start = std::time::Instant::now();
+        f()?;
+        times.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    dev.synchronize()?;
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
 /// Bytes of K and V the decode rows may allocate (PyTorch allocates its own copy after us).
 const DECODE_MAX_BYTES: usize = 24 << 30;
 
@@ -536,7 +552,7 @@ fn bench_decode(
                             seqlens: &lens_host,
                             block_table: table_host.as_deref(),
                         });
-                        let times = time_ms(dev, 3, reps, || {
+                        let mut call = || {
                             attn_with_kvcache_into(
                                 dev,
                                 &q,
@@ -555,11 +571,13 @@ fn bench_decode(
                                 &mut o,
                                 &mut lse,
                             )
-                        })?;
+                        };
+                        let times = time_ms(dev, 3, reps, &mut call)?;
+                        let host_us = host_time_us(dev, reps, &mut call)?;
                         let ms = median(&times);
                         let gbps = bytes as f64 / (ms as f64 * 1e-3) / 1e9;
                         eprintln!(
-                            "decode bf16 d={d} b={b:<3} hq={hq} hkv={hkv} n={n:<6} {layout:<10} {meta:<6} splits={splits:<3} {:>9.1} us {gbps:>7.0} GB/s",
+                            "decode bf16 d={d} b={b:<3} hq={hq} hkv={hkv} n={n:<6} {layout:<10} {meta:<6} splits={splits:<3} {:>9.1} us {gbps:>7.0} GB/s  host {host_us:>6.1} us",
                             ms * 1e3
                         );
                         rows.push(serde_json::json!({
@@ -567,6 +585,7 @@ fn bench_decode(
                             "n": n, "nq": 1, "causal": false, "layout": layout, "meta": meta,
                             "splits": splits, "launches": if splits > 1 { 2 } else { 1 },
                             "ours_ms": ms, "ours_gbps": gbps, "kv_bytes": bytes,
+                            "host_us": host_us,
                         }));
                     }
                     if page > 0 {

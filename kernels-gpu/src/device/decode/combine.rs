@@ -9,7 +9,12 @@
 //!
 //! One warp per output row and 64-column chunk, no shared memory: lane `l` holds the LSE of
 //! states `l`, `l + 32`, ... (at most [`crate::config::MAX_DECODE_SPLITS`]) and columns
-//! `64·chunk + 2·l`, `+1`; the states' O are read eight at a time.
+//! `64·chunk + 2·l`, `+1`; the states' O are read sixteen at a time.
+//!
+//! The loop is latency-bound (few rows, up to 128 states each), so every load is
+//! unconditional: indices past the last state or column are clamped to valid ones and their
+//! values dropped by selection. A load under a branch would have its use sunk into the
+//! branch, and the warp would then wait for each state in turn.
 
 use super::super::elem::Elem;
 use super::super::frag::ThreadPos;
@@ -24,9 +29,8 @@ const LN_2: f32 = core::f32::consts::LN_2;
 const STATES_PER_LANE: usize = 4;
 /// Columns per warp: two per lane.
 const CHUNK_COLS: u32 = 64;
-/// States whose O loads are issued together (the loop is latency-bound otherwise: few rows
-/// and up to 128 states each).
-const UNROLL: usize = 8;
+/// States whose O loads are issued together (a divisor of 32).
+const UNROLL: usize = 16;
 
 /// Where the states of row `(batch, head, token)` come from.
 trait States {
@@ -158,14 +162,12 @@ unsafe fn merge_rows<E: Elem, S: States>(p: &CombineParams, states: &S) {
     };
     let n = states.count();
     let mut lse = [f32::NEG_INFINITY; STATES_PER_LANE];
-    let mut max = f32::NEG_INFINITY;
     for (i, x) in lse.iter_mut().enumerate() {
         let s = me.lane + 32 * i as u32;
-        if s < n {
-            *x = states.lse(s, row);
-        }
-        max = max_nan(max, *x);
+        let loaded = states.lse(s.min(n - 1), row); // unconditional: see the module docs
+        *x = if s < n { loaded } else { f32::NEG_INFINITY };
     }
+    let mut max = lse.iter().fold(f32::NEG_INFINITY, |m, &x| max_nan(m, x));
     max = max_nan(max, ptx::shfl_sync_bfly::<16>(max));
     max = max_nan(max, ptx::shfl_sync_bfly::<8>(max));
     max = max_nan(max, ptx::shfl_sync_bfly::<4>(max));
@@ -192,36 +194,35 @@ unsafe fn merge_rows<E: Elem, S: States>(p: &CombineParams, states: &S) {
         (0.0, f32::NEG_INFINITY)
     };
 
-    // This lane's two columns; `UNROLL` states at a time, their loads issued together.
+    // This lane's two columns (lanes past the head dim read the last two and store nothing);
+    // `UNROLL` states at a time, their loads issued together.
     let col = CHUNK_COLS * chunk + 2 * me.lane;
+    let read_col = col.min(d.head_dim - 2);
     let mut acc = [0.0f32; 2];
-    // Every lane runs the loop (it shuffles); only lanes inside the head dim load.
+    // Every lane runs the loop (it shuffles).
     if sum != 0.0 {
         let mut s0 = 0;
         while s0 < n {
+            // States s0 .. s0 + UNROLL have their weights in the same register of the lanes.
+            let held = match s0 / 32 {
+                0 => weight[0],
+                1 => weight[1],
+                2 => weight[2],
+                _ => weight[3],
+            };
             let mut w = [0.0f32; UNROLL];
             let mut x = [[0.0f32; 2]; UNROLL];
             for u in 0..UNROLL {
                 let s = s0 + u as u32;
-                // State s's weight is in lane s % 32 of `weight[s / 32]`.
-                let held = match s / 32 {
-                    0 => weight[0],
-                    1 => weight[1],
-                    2 => weight[2],
-                    _ => weight[3],
-                };
                 w[u] = ptx::shfl_sync_idx(held, s % 32) * inv;
-                // A state without keys (or past the last) weighs 0 and its O, which may be
-                // anything, is not read.
-                if s < n && w[u] != 0.0 && col < d.head_dim {
-                    x[u] = states.o_pair(s, row, col);
-                } else {
-                    w[u] = 0.0;
-                }
+                x[u] = states.o_pair(s.min(n - 1), row, read_col);
             }
             for u in 0..UNROLL {
-                acc[0] += w[u] * x[u][0];
-                acc[1] += w[u] * x[u][1];
+                // A state without keys (or past the last) weighs 0 and its O, which may be
+                // anything, is dropped.
+                let keep = s0 + (u as u32) < n && w[u] != 0.0;
+                acc[0] += if keep { w[u] * x[u][0] } else { 0.0 };
+                acc[1] += if keep { w[u] * x[u][1] } else { 0.0 };
             }
             s0 += UNROLL as u32;
         }

@@ -9,7 +9,7 @@
 //! load Q rows                                 global → shared (cp.async) [→ registers]
 //! warp w: m = −∞, l = 0, O = 0                registers; every warp holds all BM rows
 //! for steps i = w, w + WARPS, ... of 16 keys  each warp its own ring of STAGES buffers
-//!     prefetch step i + (STAGES−1)·WARPS      cp.async, one page lookup per step
+//!     prefetch step i + (STAGES−1)·WARPS      cp.async; its page read 32 steps before
 //!     S = Q·Kᵢᵀ, mask, online softmax, O += P·Vᵢ
 //! merge the warps' (m, l, O)                  shared memory (over the drained rings)
 //! one split:  O /= l, write O and LSE         16-bit O, f32 LSE
@@ -133,8 +133,11 @@ pub unsafe fn flash_decode<
         steps,
         lane: me.lane,
     };
-    // Lane `l` holds the page of the warp's step `32·i + l` (batch `i` of the block table).
+    // Lane `l` holds the page of the warp's step `32·i + l` (batch `i` of the block table),
+    // and of step `32·(i + 1) + l` in `pages_next`: each batch is loaded 32 steps before its
+    // first use, so no step waits on a block-table read.
     let mut pages = kv.pages::<WARPS>(0);
+    let mut pages_next = kv.pages::<WARPS>(32);
     for j in 0..STAGES as u32 - 1 {
         kv.load::<D, WARPS, PITCH, STAGES>(ring, j, pages);
         ptx::cp_async_commit_group();
@@ -167,7 +170,8 @@ pub unsafe fn flash_decode<
         ptx::bar_warp_sync(); // ... and every lane's; all lanes are done with step j − 1
         let next = j + STAGES as u32 - 1;
         if next % 32 == 0 {
-            pages = kv.pages::<WARPS>(next);
+            pages = pages_next;
+            pages_next = kv.pages::<WARPS>(next + 32);
         }
         kv.load::<D, WARPS, PITCH, STAGES>(ring, next, pages);
         ptx::cp_async_commit_group();
@@ -277,7 +281,8 @@ struct KvStream<'a> {
 impl KvStream<'_> {
     /// The block-table entries of the warp's steps `j0 .. j0 + 32`, entry `j0 + l` in lane `l`
     /// (one coalesced load per 32 steps instead of a dependent load before each step's
-    /// copies); 0 for a contiguous cache or past the warp's steps.
+    /// copies), unclamped, so that nothing waits for the load until [`KvStream::load`] uses
+    /// it; 0 for a contiguous cache or past the warp's steps.
     #[inline(always)]
     unsafe fn pages<const WARPS: usize>(&self, j0: u32) -> u32 {
         let kv = &self.p.kv;
@@ -286,7 +291,7 @@ impl KvStream<'_> {
             return 0;
         }
         let key = STEP * (self.first + j * WARPS as u32);
-        kv.key_slot(self.batch, key).0
+        kv.table_entry(self.batch, key) as u32
     }
 
     /// Starts the copies of the warp's step `j` into its buffer `j % STAGES` (nothing past the
@@ -309,8 +314,8 @@ impl KvStream<'_> {
         let (entry, row) = if p.kv.block_table == 0 {
             (self.batch, key0)
         } else {
-            let page = ptx::shfl_sync_idx(f32::from_bits(pages), j % 32).to_bits();
-            (page, key0 % p.kv.page_size)
+            let entry = ptx::shfl_sync_idx(f32::from_bits(pages), j % 32).to_bits();
+            (p.kv.clamp_page(entry as i32), key0 % p.kv.page_size)
         };
         let (k, v) = ring.stage(j % STAGES as u32);
         let k_src =
