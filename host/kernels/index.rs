@@ -2298,6 +2298,18 @@ pub(crate) static EMBEDDED: &[(&str, &str, &[u8], &[u8])] = &[
     ),
     (
         "sm90a",
+        "flash_bwd_wgmma_dropout_f16_d64",
+        include_bytes!("sm90a/flash_bwd_wgmma_dropout_f16_d64.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_dropout_f16_d64.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_dropout_bf16_d64",
+        include_bytes!("sm90a/flash_bwd_wgmma_dropout_bf16_d64.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_dropout_bf16_d64.cubin.z"),
+    ),
+    (
+        "sm90a",
         "flash_bwd_wgmma_f16_d128",
         include_bytes!("sm90a/flash_bwd_wgmma_f16_d128.ptx.z"),
         include_bytes!("sm90a/flash_bwd_wgmma_f16_d128.cubin.z"),

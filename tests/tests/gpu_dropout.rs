@@ -11,9 +11,10 @@
 
 use flash_attn::shape::AttnShape;
 use flash_attn::{
-    cpu, flash_attn, flash_attn_backward, flash_attn_dropout_mask, AttnParams, BwdMode, Device,
-    DeviceTensor, Dropout, FlashError,
+    backward_kernel_name, cpu, flash_attn, flash_attn_backward, flash_attn_dropout_mask,
+    AttnParams, BackwardPath, BwdMode, DType, Device, DeviceTensor, Dropout, FlashError,
 };
+use flash_attn_kernels::arch::Arch;
 use flash_attn_kernels::registry::MaskKind;
 use flash_attn_tests::gpu::{
     backward_case, device as gpu_device, forward_case, gpu_cases, upload, Layout,
@@ -360,6 +361,36 @@ fn every_dropout_kernel() {
         backward_case::<bf16>(dev, 4, shape, &params, mag, layout, BwdMode::Fast)
             .map_err(what)
             .unwrap();
+    }
+}
+
+/// On Hopper the backward's default path takes the `wgmma` kernels with dropout and no other
+/// mask at head dims up to 128 (d ≤ 64 on the d = 64 kernel's 64-row query tiles), so this
+/// suite's backward cases run them; other masks with dropout, larger head dims and
+/// `FLASH_ATTN_BWD=mma` take `mma.sync`.
+#[test]
+fn backward_with_dropout_dispatch_follows_the_path() {
+    let Some(dev) = device() else { return };
+    let wgmma = dev.arch() == Arch::Sm90a && dev.backward_path() == BackwardPath::Auto;
+    for causal in [false, true] {
+        let params = AttnParams {
+            causal,
+            dropout: Some(Dropout::new(0.1, 1, 2)),
+            ..AttnParams::default()
+        };
+        for d in [8, 32, 64, 96, 128, 256] {
+            for dtype in [DType::F16, DType::BF16] {
+                let name = backward_kernel_name(dev, dtype, d, &params).unwrap();
+                assert!(name.contains("dropout"), "d = {d}: {name}");
+                assert_eq!(name.contains("wgmma"), wgmma && d <= 128, "d = {d}: {name}");
+            }
+        }
+        let windowed = AttnParams {
+            window: Some((64, 0)),
+            ..params
+        };
+        let name = backward_kernel_name(dev, DType::BF16, 64, &windowed).unwrap();
+        assert!(!name.contains("wgmma"), "{name}");
     }
 }
 

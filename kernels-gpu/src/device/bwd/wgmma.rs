@@ -6,7 +6,8 @@
 //! batch), 64 per warpgroup: warp `w` holds keys `16w .. 16w + 16` in the `mma.m16n8k16`
 //! accumulator layout that `wgmma` shares (so the register-tile layer, masks and dropout are
 //! those of the `mma.sync` kernel). Query tiles have `BM` rows (128 at d = 64, 64 at
-//! d = 128: dK and dV take `D/2` f32 registers each per thread).
+//! d = 128: dK and dV take `D/2` f32 registers each per thread; 64 at d = 64 with dropout,
+//! whose generator needs the registers).
 //!
 //! ```text
 //! load Kⱼ, Vⱼ; dKⱼ = dVⱼ = 0                   cp.async; registers
@@ -26,6 +27,7 @@
 //!     issue dQᵢ = dS·Kⱼ                        m64n64k16 per warpgroup, both operands
 //!                                             MN-major (dSᵀ read transposed): its 64 query
 //!                                             rows at d = 64, its 64 columns at d = 128
+//!                                             (BM = d = 64: the whole tile; warpgroup 0 adds)
 //!     wait for all; dQ atomic adds            f32, into the accumulator (deterministic
 //!                                             mode: in turn, see `order`: thread 0 waits
 //!                                             before (B) and passes the turn after the next
@@ -66,7 +68,8 @@ const WG_KEYS: usize = 64;
 
 /// The backward kernel body on `wgmma`; see the module docs. Const parameters: `D` compiled
 /// head dim (64 or 128), `BM` query rows per step (`BM · D = 64 · 128`: each warpgroup's dQ
-/// is one 64 × 64 block), `D_TILES = D/8`, `Q_TILES = BM/8`, `DROPOUT`.
+/// is one 64 × 64 block; or `BM = D = 64`: both compute it, warpgroup 0 adds), `D_TILES = D/8`,
+/// `Q_TILES = BM/8`, `DROPOUT`.
 ///
 /// # Safety
 /// sm_90a only. Launched with grid `(blocks, heads_kv, batch)`, 256 threads and
@@ -87,7 +90,7 @@ pub unsafe fn flash_bwd_wgmma<
 ) {
     const {
         assert!(D % BLOCK_COLS == 0 && D_TILES * 8 == D && Q_TILES * 8 == BM);
-        assert!((BM == 64 || BM == 128) && BM * D == 64 * 128);
+        assert!((BM == 64 || BM == 128) && (BM * D == 64 * 128 || BM * D == 64 * 64));
     };
     let smem = Smem::<D, BM>::at(ptx::dyn_smem_base());
     if smem.base % 1024 != 0 {
@@ -318,8 +321,18 @@ unsafe fn key_tile<
         }
         ptx::bar_sync(); // (B) dSᵀ complete
                          // dQᵢ = dS·Kⱼ: warpgroup `wg` takes query rows 64·wg .. (BM = 128) or columns
-                         // 64·wg .. (D = 128) of the tile.
-        let (row_block, col_block) = if BM == 2 * WG_KEYS { (wg, 0) } else { (0, wg) };
+                         // 64·wg .. (D = 128) of the tile. A 64 × 64 tile (BM = D = 64) both
+                         // compute and warpgroup 0 adds: split over keys it would take two adds
+                         // per element, in no fixed order, and a product under a branch
+                         // serialises every `wgmma` of the kernel (ptxas C7514).
+        let (row_block, col_block) = if BM == 2 * WG_KEYS {
+            (wg, 0)
+        } else if D == 2 * BLOCK_COLS {
+            (0, wg)
+        } else {
+            (0, 0)
+        };
+        let dq_here = BM * D == 2 * 64 * 64 || wg == 0;
         let mut dq = AccTile::<1, { BLOCK_COLS / 8 }>::zero();
         ptx::wgmma_fence();
         for ks in 0..BN / 16 {
@@ -334,7 +347,7 @@ unsafe fn key_tile<
         ptx::wgmma_fence_operands(dv.tiles_mut::<D_TILES>(0, 0));
         // The accumulator is padded to whole query tiles and the compiled head dim (see
         // `BwdParams::dq_accum`): the adds need no bounds checks.
-        for r in 0..2 {
+        for r in 0..(dq_here as usize) * 2 {
             let row = 64 * row_block + 16 * (warp % 4) + pos.row(0, r);
             let row_at = record.block(p, head).query_offset(&p.dq_accum, row0 + row);
             let row_at = (p.dq_accum.ptr as *mut f32).add(row_at as usize);
