@@ -261,7 +261,8 @@ fn check_call<T>(
     // Every key the call writes or reads must exist.
     let mut cached = alloc::with_capacity(shape.batch, "cache lengths")?;
     let mut max_keys = 0;
-    let table = block_table.map(|t| t.as_standard_layout().into_owned());
+    // Borrowed as it is when already row-major (the usual case), copied otherwise.
+    let table = block_table.as_ref().map(|t| t.as_standard_layout());
     let table = table.as_ref().and_then(|t| t.as_slice()).unwrap_or(&[]);
     check_decode_lengths(&shape, seqlens, min_keys, table, |_, keys| {
         cached.push(keys - shape.appended);
