@@ -15,8 +15,8 @@
 
 use crate::arch::{Arch, ARCH_COUNT};
 use crate::config::{
-    BwdTile, DecodeTile, FwdTile, APPEND_THREADS, BWD_AUX_THREADS, COMBINE_THREADS, PAD_THREADS,
-    PROBE_SMEM_BYTES, PROBE_THREADS,
+    BwdTile, DecodeTile, FwdTile, APPEND_THREADS, BWD_AUX_THREADS, COMBINE_THREADS, MMA_M,
+    PAD_THREADS, PROBE_SMEM_BYTES, PROBE_THREADS,
 };
 
 /// Element type of a kernel's 16-bit tensors.
@@ -247,7 +247,7 @@ pub const fn max_fwd_head_dim() -> usize {
 macro_rules! registry {
     (
         fwd { $( $d:literal $mask:ident $drop:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
-        fwd_wgmma { $( $wd:literal $wmask:ident $wdrop:ident [$wf16:ident, $wbf16:ident] $wblock_n:literal; )* }
+        fwd_wgmma { $( $wd:literal $wmask:ident $wdrop:ident [$wf16:ident, $wbf16:ident] $wblock_m:literal $wblock_n:literal; )* }
         bwd { $( $bd:literal $bmask:ident $bdrop:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
         bwd_wgmma { $( $gd:literal $gmask:ident $gdrop:ident [$gf16:ident, $gbf16:ident] $gblock_m:literal; )* }
         bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
@@ -279,7 +279,7 @@ macro_rules! registry {
                 mask: MaskKind::$wmask,
                 dropout: $wdrop,
                 names: [stringify!($wf16), stringify!($wbf16)],
-                tiles: [wgmma_tile($wd, $wblock_n); ARCH_COUNT],
+                tiles: [wgmma_tile($wd, $wblock_m, $wblock_n); ARCH_COUNT],
             },
         )*];
 
@@ -342,8 +342,8 @@ macro_rules! registry {
                 fwd_info(stringify!($bf16), tiles_of($d, $tiles)),
             )*
             $(
-                wgmma_info(stringify!($wf16), wgmma_tile($wd, $wblock_n)),
-                wgmma_info(stringify!($wbf16), wgmma_tile($wd, $wblock_n)),
+                wgmma_info(stringify!($wf16), wgmma_tile($wd, $wblock_m, $wblock_n)),
+                wgmma_info(stringify!($wbf16), wgmma_tile($wd, $wblock_m, $wblock_n)),
             )*
             $(
                 bwd_info(stringify!($bf16_), bwd_tiles_of($bd, $btiles)),
@@ -390,8 +390,8 @@ macro_rules! registry {
                 fwd_entry!($bf16, Bf16, $mask, $drop, $d, $tiles);
             )*
             $(
-                fwd_wgmma_entry!($wf16, F16, $wmask, $wdrop, $wd, $wblock_n);
-                fwd_wgmma_entry!($wbf16, Bf16, $wmask, $wdrop, $wd, $wblock_n);
+                fwd_wgmma_entry!($wf16, F16, $wmask, $wdrop, $wd, $wblock_m, $wblock_n);
+                fwd_wgmma_entry!($wbf16, Bf16, $wmask, $wdrop, $wd, $wblock_m, $wblock_n);
             )*
             $(
                 bwd_entry!($bf16_, F16, $bmask, $bdrop, $bd, $btiles);
@@ -488,7 +488,7 @@ macro_rules! probe_entry {
 /// One forward entry point on `wgmma` (see `device::fwd::wgmma`); sm_90a only.
 #[cfg(target_arch = "nvptx64")]
 macro_rules! fwd_wgmma_entry {
-    ($name:ident, $elem:ident, $mask:ident, $drop:ident, $d:literal, $block_n:literal) => {
+    ($name:ident, $elem:ident, $mask:ident, $drop:ident, $d:literal, $block_m:literal, $block_n:literal) => {
         /// Forward attention on Hopper's warpgroup products for one (dtype, head dim, mask,
         /// dropout); see `device::fwd::wgmma`.
         ///
@@ -501,10 +501,11 @@ macro_rules! fwd_wgmma_entry {
                 crate::device::elem::$elem,
                 crate::mask::kind::$mask,
                 $d,
+                $block_m,
                 $block_n,
                 { $d / 8 },
                 { $block_n / 8 },
-                { wgmma_tile($d, $block_n).kv_stages },
+                { wgmma_tile($d, $block_m, $block_n).kv_stages },
                 $drop,
             >(&p)
         }
@@ -746,11 +747,12 @@ const fn wgmma_info(name: &'static str, tile: FwdTile) -> KernelInfo {
     }
 }
 
-/// The tile of a `wgmma` forward kernel: 2 consumer warpgroups of 64 query rows, a producer
-/// warpgroup, `block_n` keys, a ring of 3 (K, V) stages, or 2 where 3 do not fit Hopper's
-/// shared memory (d = 256).
-pub const fn wgmma_tile(head_dim: usize, block_n: usize) -> FwdTile {
-    let tile = FwdTile::new(head_dim, (8, 1, block_n, false)).with_producer_warps(4);
+/// The tile of a `wgmma` forward kernel: `block_m` query rows (consumer warpgroups of 64), a
+/// producer warpgroup, `block_n` keys, a ring of 3 (K, V) stages, or 2 where 3 do not fit
+/// Hopper's shared memory (d = 256).
+pub const fn wgmma_tile(head_dim: usize, block_m: usize, block_n: usize) -> FwdTile {
+    let warps = block_m / MMA_M;
+    let tile = FwdTile::new(head_dim, (warps, 1, block_n, false)).with_producer_warps(4);
     let three = tile.with_kv_stages(3);
     if three.smem_bytes() <= Arch::Sm90a.max_dyn_smem() {
         three
@@ -840,35 +842,40 @@ registry! {
         128 Tree DROPOUT [flash_fwd_tree_dropout_f16_d128, flash_fwd_tree_dropout_bf16_d128] [(4, 1, 32, false), (4, 1, 32, false)];
         256 Tree DROPOUT [flash_fwd_tree_dropout_f16_d256, flash_fwd_tree_dropout_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
-    // Hopper's forward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, keys per
-    // tile (the query tile is 128 rows: two consumer warpgroups of 64, plus a producer
-    // warpgroup; `wgmma_tile` sizes the ring). Every mask kind, with and without dropout, at
+    // Hopper's forward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, query
+    // rows and keys per tile (128 query rows: two consumer warpgroups of 64, 192: three, plus
+    // a producer warpgroup; `wgmma_tile` sizes the ring). Three consumer warpgroups only for
+    // the plain kind (causal or no mask) at d = 64 without dropout: at 160 registers the
+    // general mask's kernel spilled 8–16 B in its masked tiles (window, ALiBi and softcap
+    // terms), the kernels with dropout 76–80 B, and the block-sparse mask's query tiles must
+    // lie in one of its 128-row blocks. Every mask kind, with and without dropout, at
     // d = 64 and 128, except: the general mask with dropout at d = 128 (it spills: 32 B of
     // stack, 100 B of spills at 240 registers), whose calls take `mma.sync`; and the plain
-    // mask without dropout, whose calls run on the general kernel (`fwd_wgmma_kernel`):
-    // built, the plain kernel ran 5–13 % slower than the general one on the same plain calls
-    // (H100, docs/perf-notes.md). At d = 256 (64-key tiles) every mask kind without dropout
+    // mask without dropout at d = 128 and 256, whose calls run on the general kernel
+    // (`fwd_wgmma_kernel`): built, the plain kernel ran 5–13 % slower than the general one on
+    // the same plain calls (H100, docs/perf-notes.md, two consumer warpgroups). At d = 256 (64-key tiles) every mask kind without dropout
     // and the general mask with it (plain calls with dropout run there too); the plain,
     // block-sparse and tree kinds with dropout spilled 12–20 B and take `mma.sync`.
     // Which calls take them is the host's dispatch (`wgmma_pays`).
     fwd_wgmma {
-        64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128;
-        64 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d64, flash_fwd_wgmma_sparse_bf16_d64] 128;
-        64 Tree PLAIN [flash_fwd_wgmma_tree_f16_d64, flash_fwd_wgmma_tree_bf16_d64] 128;
-        64 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d64, flash_fwd_wgmma_dropout_bf16_d64] 128;
-        64 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d64, flash_fwd_wgmma_masked_dropout_bf16_d64] 128;
-        64 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d64, flash_fwd_wgmma_sparse_dropout_bf16_d64] 128;
-        64 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d64, flash_fwd_wgmma_tree_dropout_bf16_d64] 128;
-        128 Masked PLAIN [flash_fwd_wgmma_masked_f16_d128, flash_fwd_wgmma_masked_bf16_d128] 128;
-        128 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d128, flash_fwd_wgmma_sparse_bf16_d128] 128;
-        128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128;
-        128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128;
-        128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128;
-        128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128;
-        256 Masked PLAIN [flash_fwd_wgmma_masked_f16_d256, flash_fwd_wgmma_masked_bf16_d256] 64;
-        256 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d256, flash_fwd_wgmma_sparse_bf16_d256] 64;
-        256 Tree PLAIN [flash_fwd_wgmma_tree_f16_d256, flash_fwd_wgmma_tree_bf16_d256] 64;
-        256 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d256, flash_fwd_wgmma_masked_dropout_bf16_d256] 64;
+        64 Causal PLAIN [flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_bf16_d64] 192 128;
+        64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128 128;
+        64 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d64, flash_fwd_wgmma_sparse_bf16_d64] 128 128;
+        64 Tree PLAIN [flash_fwd_wgmma_tree_f16_d64, flash_fwd_wgmma_tree_bf16_d64] 128 128;
+        64 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d64, flash_fwd_wgmma_dropout_bf16_d64] 128 128;
+        64 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d64, flash_fwd_wgmma_masked_dropout_bf16_d64] 128 128;
+        64 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d64, flash_fwd_wgmma_sparse_dropout_bf16_d64] 128 128;
+        64 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d64, flash_fwd_wgmma_tree_dropout_bf16_d64] 128 128;
+        128 Masked PLAIN [flash_fwd_wgmma_masked_f16_d128, flash_fwd_wgmma_masked_bf16_d128] 128 128;
+        128 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d128, flash_fwd_wgmma_sparse_bf16_d128] 128 128;
+        128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128 128;
+        128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128 128;
+        128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128 128;
+        128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128 128;
+        256 Masked PLAIN [flash_fwd_wgmma_masked_f16_d256, flash_fwd_wgmma_masked_bf16_d256] 128 64;
+        256 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d256, flash_fwd_wgmma_sparse_bf16_d256] 128 64;
+        256 Tree PLAIN [flash_fwd_wgmma_tree_f16_d256, flash_fwd_wgmma_tree_bf16_d256] 128 64;
+        256 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d256, flash_fwd_wgmma_masked_dropout_bf16_d256] 128 64;
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).
@@ -982,7 +989,7 @@ registry! {
 mod tests {
     extern crate std;
     use super::*;
-    use crate::config::{MMA_M, PAD_KERNEL_NAME};
+    use crate::config::PAD_KERNEL_NAME;
     use std::format;
 
     #[test]
@@ -1103,9 +1110,10 @@ mod tests {
         }
     }
 
-    /// Every `wgmma` row: 128-row tiles of two consumer warpgroups and a producer one (whose
-    /// PTX declares its block size for `setmaxnreg`), 128 keys in a 3-stage ring (64 keys in
-    /// 2 stages at d = 256) that fits Hopper's 227 KiB, named
+    /// Every `wgmma` row: 128-row tiles of two consumer warpgroups (192 rows of three for the
+    /// plain kind at d = 64 without dropout) and a producer one (whose PTX declares its
+    /// block size for `setmaxnreg`), 128 keys in a 3-stage ring (64 keys in 2 stages at
+    /// d = 256) that fits Hopper's 227 KiB, named
     /// `flash_fwd_wgmma_{kind}{dtype}_d{d}`, with an `mma.sync` row of the same head dim, mask
     /// and dropout to fall back on; built for sm_90a alone.
     #[test]
@@ -1113,9 +1121,11 @@ mod tests {
         for k in FWD_WGMMA_KERNELS {
             let t = k.tile(Arch::Sm90a);
             let ring = if k.head_dim == 256 { (64, 2) } else { (128, 3) };
+            let three = k.head_dim == 64 && k.mask == MaskKind::Causal && !k.dropout;
+            let rows = if three { 192 } else { 128 };
             assert_eq!(
                 (t.block_m, t.block_n, t.threads(), t.kv_stages),
-                (128, ring.0, 384, ring.1)
+                (rows, ring.0, 128 + 2 * rows, ring.1)
             );
             assert!(ALL_KERNELS
                 .iter()
@@ -1141,7 +1151,8 @@ mod tests {
     }
 
     #[test]
-    fn wgmma_kernels_cover_every_mask_at_64_128_and_256_but_one_and_plain_runs_on_general() {
+    fn wgmma_kernels_cover_every_mask_at_64_128_and_256_but_one_and_plain_runs_on_general_above_64()
+    {
         let kinds = [
             MaskKind::Causal,
             MaskKind::Masked,
@@ -1158,9 +1169,12 @@ mod tests {
                         _ => false,
                     };
                     assert_eq!(k.is_none(), spills, "{d} {mask:?} {dropout}");
-                    // Plain calls without dropout run on the general kernel (faster), and so
-                    // do those with dropout at d = 256 (the plain kernel spills there).
-                    let general = mask == MaskKind::Causal && (!dropout || d == 256);
+                    // Plain calls without dropout run on the general kernel (faster with two
+                    // consumer warpgroups) except at d = 64 (the plain kind's own kernel has
+                    // three), and so do those with dropout at d = 256 (the plain kernel
+                    // spills there).
+                    let own = d == 64 && !dropout;
+                    let general = mask == MaskKind::Causal && !own && (!dropout || d == 256);
                     let kind = if general { MaskKind::Masked } else { mask };
                     if let Some(k) = k {
                         assert_eq!((k.head_dim, k.mask, k.dropout), (d, kind, dropout));

@@ -103,6 +103,20 @@ fn wgmma_case_strategy() -> impl Strategy<Value = ForwardCase> {
     ))
 }
 
+/// [`case_strategy`] at the head dims of Hopper's `wgmma` kernels with three consumer
+/// warpgroups (33..=64: 192 query rows per block), query lengths on both sides of multiples
+/// of 192 and up to 9 key tiles of 128, causal or not, without other masks (those run on the
+/// 128-row kernels): with `FLASH_ATTN_FWD=wgmma` every case runs on them.
+fn three_warpgroup_case_strategy() -> impl Strategy<Value = ForwardCase> {
+    let shapes = shapes_with(
+        vec![33usize, 48, 57, 64],
+        vec![1usize, 64, 191, 192, 193, 320, 385, 577, 1025],
+    );
+    cases_with(shapes).prop_map(|(seed, shape, causal, scale, _, mag, layout)| {
+        (seed, shape, causal, scale, MaskRecipe::NONE, mag, layout)
+    })
+}
+
 /// Random cases of the given shapes.
 fn cases_with(shapes: impl Strategy<Value = AttnShape>) -> impl Strategy<Value = ForwardCase> {
     (
@@ -126,6 +140,14 @@ proptest! {
 
     #[test]
     fn forward_at_wgmma_head_dims_matches_reference((seed, shape, causal, scale, masks, mag, layout) in wgmma_case_strategy()) {
+        if let Some(dev) = device() {
+            prop_assert_eq!(run_case::<f16>(dev, seed, shape, causal, scale, masks, mag, layout), Ok(()));
+            prop_assert_eq!(run_case::<bf16>(dev, seed ^ 1, shape, causal, scale, masks, mag, layout), Ok(()));
+        }
+    }
+
+    #[test]
+    fn forward_on_three_consumer_warpgroups_matches_reference((seed, shape, causal, scale, masks, mag, layout) in three_warpgroup_case_strategy()) {
         if let Some(dev) = device() {
             prop_assert_eq!(run_case::<f16>(dev, seed, shape, causal, scale, masks, mag, layout), Ok(()));
             prop_assert_eq!(run_case::<bf16>(dev, seed ^ 1, shape, causal, scale, masks, mag, layout), Ok(()));

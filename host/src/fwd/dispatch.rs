@@ -45,19 +45,30 @@ pub(crate) fn fwd_kernel(
     })
 }
 
-/// Whether a forward call over `seqlen_k` keys at `head_dim` gains on Hopper's `wgmma`
-/// kernels over the `mma.sync` ones. At d > 128 (the d = 256 kernel) from 512 keys, causal or
-/// not; else at least 1,024 keys, and under a causal mask or a window (which halve the keys a
-/// query tile visits) 2,048 at d > 64 and 4,096 at d ≤ 64. Measured on the H100
-/// (docs/perf-notes.md): within 1 % of `mma.sync` at 512 keys and at 1,024 causal (d = 128),
-/// 0.95–0.98× at 2,048 causal with d = 64, 1.05–1.85× on every row the thresholds admit at
-/// d = 64 and 128; at d = 96 (on the d = 128 kernel) 0.94× at 512 causal, 1.14–1.80× from
-/// 1,024 keys; at d = 256 1.48–3.01× from 512 keys.
-pub(crate) fn wgmma_pays(head_dim: usize, seqlen_k: usize, causal_or_window: bool) -> bool {
+/// Whether a forward call over `seqlen_k` keys at `head_dim` under `mask` (with or without
+/// `dropout`) gains on Hopper's `wgmma` kernels over the `mma.sync` ones. At d > 128 (the
+/// d = 256 kernel) from 512 keys, causal or not; else at least 1,024 keys, and under a causal
+/// mask or a window (which halve the keys a query tile visits) 2,048, or 4,096 at d ≤ 64 on
+/// a kernel of two consumer warpgroups (the general mask's: windows, ALiBi, softcaps).
+/// Measured on the H100 (docs/perf-notes.md): within 1 % of `mma.sync` at 512 keys and at
+/// 1,024 causal (d = 128), 0.95–0.98× at 2,048 causal with d = 64 on two consumer
+/// warpgroups and 1.08–1.09× on three, 1.05–1.85× on every row the thresholds admit at d = 64
+/// and 128; at d = 96 (on the d = 128 kernel) 0.94× at 512 causal, 1.14–1.80× from 1,024
+/// keys; at d = 256 1.48–3.01× from 512 keys.
+pub(crate) fn wgmma_pays(
+    head_dim: usize,
+    seqlen_k: usize,
+    causal_or_window: bool,
+    mask: MaskKind,
+    dropout: bool,
+) -> bool {
+    let three_warpgroups = registry::fwd_wgmma_kernel(head_dim, mask, dropout)
+        .is_some_and(|k| k.tile(Arch::Sm90a).block_m > 128);
     let min_keys = match (causal_or_window, head_dim) {
         (_, 129..) => 512,
         (false, _) => 1024,
         (true, 65..) => 2048,
+        (true, _) if three_warpgroups => 2048,
         (true, _) => 4096,
     };
     seqlen_k >= min_keys
@@ -95,6 +106,15 @@ mod tests {
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
         let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 64, MaskKind::Sparse, true).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_sparse_dropout_f16_d64");
+        assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
+        // Plain calls at d <= 64 run their own kernel, of three consumer warpgroups; masked
+        // ones the general kernel, of two.
+        let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 48, MaskKind::Causal, false).unwrap();
+        assert_eq!(k.name, "flash_fwd_wgmma_bf16_d64");
+        assert_eq!((k.tile.block_m, k.tile.threads()), (192, 512));
+        let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 64, MaskKind::Masked, false).unwrap();
+        assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d64");
+        assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
         // The general mask with dropout at d = 128 has no wgmma kernel (it spills).
         let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 128, MaskKind::Masked, true).unwrap();
         assert_eq!(k.name, "flash_fwd_masked_dropout_f16_d128");
@@ -110,12 +130,19 @@ mod tests {
 
     #[test]
     fn wgmma_takes_long_calls_only() {
-        assert!(!wgmma_pays(128, 512, false) && wgmma_pays(128, 1024, false));
-        assert!(!wgmma_pays(128, 1024, true) && wgmma_pays(128, 2048, true));
-        assert!(!wgmma_pays(64, 512, false) && wgmma_pays(64, 1024, false));
-        assert!(!wgmma_pays(64, 2048, true) && wgmma_pays(64, 4096, true));
-        assert!(!wgmma_pays(256, 256, false) && wgmma_pays(256, 512, false));
-        assert!(wgmma_pays(200, 512, true) && wgmma_pays(96, 1024, false));
+        let pays = |d, n, causal_or_window, mask| wgmma_pays(d, n, causal_or_window, mask, false);
+        let (plain, general) = (MaskKind::Causal, MaskKind::Masked);
+        assert!(!pays(128, 512, false, plain) && pays(128, 1024, false, plain));
+        assert!(!pays(128, 1024, true, plain) && pays(128, 2048, true, plain));
+        assert!(!pays(64, 512, false, plain) && pays(64, 1024, false, plain));
+        // Causal plain calls at d <= 64 run three consumer warpgroups, windows two.
+        assert!(!pays(64, 1024, true, plain) && pays(64, 2048, true, plain));
+        assert!(!pays(64, 2048, true, general) && pays(64, 4096, true, general));
+        assert!(
+            !wgmma_pays(64, 2048, true, plain, true) && wgmma_pays(64, 4096, true, plain, true)
+        );
+        assert!(!pays(256, 256, false, plain) && pays(256, 512, false, plain));
+        assert!(pays(200, 512, true, plain) && pays(96, 1024, false, general));
     }
 
     #[test]

@@ -87,13 +87,15 @@ pub fn forward_kernel_name(
     params: &AttnParams,
 ) -> Result<&'static str> {
     let dropout = params.active_dropout()?.is_some();
-    let long = wgmma_pays(head_dim, seqlen_k, params.causal || params.window.is_some());
+    let causal_or_window = params.causal || params.window.is_some();
+    let mask = params.mask_kind();
+    let long = wgmma_pays(head_dim, seqlen_k, causal_or_window, mask, dropout);
     let kernel = fwd_kernel(
         dev.arch(),
         dev.wgmma_forward(long),
         dtype,
         head_dim,
-        params.mask_kind(),
+        mask,
         dropout,
     )?;
     Ok(kernel.name)
@@ -195,11 +197,9 @@ impl ForwardCall {
         let d = shape.head_dim;
         let dropout = params.active_dropout()?;
         let causal_or_window = params.causal || params.window.is_some();
-        let long = wgmma_pays(d, shape.seqlen_k, causal_or_window);
-        let pick = |wgmma| {
-            let (mask, dropout) = (params.mask_kind(), dropout.is_some());
-            fwd_kernel(dev.arch(), wgmma, T::DTYPE, d, mask, dropout)
-        };
+        let (mask, dropped) = (params.mask_kind(), dropout.is_some());
+        let long = wgmma_pays(d, shape.seqlen_k, causal_or_window, mask, dropped);
+        let pick = |wgmma| fwd_kernel(dev.arch(), wgmma, T::DTYPE, d, mask, dropped);
         let (kernel, fallback) = (pick(dev.wgmma_forward(long))?, pick(false)?);
         let scale_log2 = params.kernel_scale_log2(d)?;
         params.check_masks(shape.batch, shape.heads_q)?;

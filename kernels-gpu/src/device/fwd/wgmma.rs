@@ -1,13 +1,21 @@
 //! Forward attention on Hopper (sm_90a), warp-specialised: a producer warpgroup whose one
-//! thread loads every tile with TMA, and two consumer warpgroups that run both products on
-//! `wgmma`, with the same masks, softmax, dropout and epilogue as [`super::flash_fwd`].
+//! thread loads every tile with TMA, and two or three consumer warpgroups that run both
+//! products on `wgmma`, with the same masks, softmax, dropout and epilogue as
+//! [`super::flash_fwd`].
 //!
-//! Block: 384 threads. Warpgroup 0 is the producer: it gives its registers back
-//! (`setmaxnreg.dec` to [`PRODUCER_REGS`]) and its thread 0 issues the copies. Warpgroups 1
-//! and 2 are the consumers (`setmaxnreg.inc` to [`CONSUMER_REGS`]), 64 query rows each of the
-//! block's `BM = 128`; consumer warp `w` owns rows `16w .. 16w + 16`, in the `mma.m16n8k16`
-//! accumulator layout that `wgmma` shares, so every register-tile layer (softmax, masks,
-//! dropout, the O store) is the one of the `mma.sync` kernels.
+//! Block: 128 + BM·2 threads (`BM` = 128 or 192 query rows). Warpgroup 0 is the producer: it
+//! gives its registers back (`setmaxnreg.dec` to [`PRODUCER_REGS`]) and its thread 0 issues
+//! the copies. The other `BM / 64` warpgroups are the consumers (`setmaxnreg.inc` to
+//! [`CONSUMER_REGS_OF_TWO`] or [`CONSUMER_REGS_OF_THREE`]), 64 query rows each; consumer
+//! warp `w` owns rows `16w .. 16w + 16`, in the `mma.m16n8k16` accumulator layout that
+//! `wgmma` shares, so every register-tile layer (softmax, masks, dropout, the O store) is the
+//! one of the `mma.sync` kernels.
+//!
+//! Two consumer warpgroups (`BM = 128`) overlap each one's softmax with its own P·V, as
+//! drawn below. Three (`BM = 192`, at d = 64, where two leave the tensor cores idle) have
+//! 160 registers each, too few to hold S, P and O at once: each runs its products and its
+//! softmax in turn (issue P·Vᵢ, then S = Q·Kᵢ₊₁ᵀ, wait for both, softmax, rescale O), and
+//! the other two warpgroups' products cover its softmax ([`consume_in_turn`]).
 //!
 //! ```text
 //! producer (one thread)                     consumers (each warpgroup, its 64 rows)
@@ -60,17 +68,15 @@ use crate::params::{FwdParams, WgmmaFwdParams, SCHEDULE_PINGPONG, TENSOR_MAP_BYT
 use crate::rng::DropoutRng;
 use core::marker::PhantomData;
 
-/// Query rows per block.
-pub const BM: usize = 128;
-/// Consumer warps per block (two warpgroups).
-pub const WARPS: usize = 8;
 /// Producer warps per block (one warpgroup, of which one thread works).
 pub const PRODUCER_WARPS: usize = 4;
 /// Register limit of the producer warpgroup after `setmaxnreg.dec`.
 pub const PRODUCER_REGS: u32 = 24;
-/// Register limit of the consumer warpgroups after `setmaxnreg.inc`: with the producer's,
+/// Register limit of two consumer warpgroups after `setmaxnreg.inc`: with the producer's,
 /// `128·(24 + 2·240) = 64 512` of the SM's 65 536.
-pub const CONSUMER_REGS: u32 = 240;
+pub const CONSUMER_REGS_OF_TWO: u32 = 240;
+/// Register limit of three consumer warpgroups: `128·(24 + 3·160) = 64 512`.
+pub const CONSUMER_REGS_OF_THREE: u32 = 160;
 /// Rows of one warpgroup's products.
 const WG_ROWS: usize = 64;
 /// Threads of one warpgroup.
@@ -80,19 +86,22 @@ const WG_THREADS: u32 = 128;
 pub const BARRIER_BYTES: usize = crate::config::TMA_BARRIER_BYTES;
 
 /// The forward kernel body on TMA and `wgmma`; see the module docs. Const parameters: `D`
-/// compiled head dim (a multiple of 64), `BN` keys per tile (64 or 128: the `m64n64k16` or
+/// compiled head dim (a multiple of 64), `BM` query rows per block (128 or 192: two or three
+/// consumer warpgroups), `BN` keys per tile (64 or 128: the `m64n64k16` or
 /// `m64n128k16` product of S), `D_TILES = D/8`, `N_TILES = BN/8`, `STAGES` (2 or 3),
 /// `DROPOUT`.
 ///
 /// # Safety
-/// sm_90a only. Launched with grid `(ceil(seqlen_q / 128), heads_q, batch)`, 384 threads,
-/// `FwdTile::smem_bytes()` bytes of dynamic shared memory and `.maxntid 384` in its PTX, on
+/// sm_90a only. Launched with grid `(ceil(seqlen_q / BM), heads_q, batch)`, `128 + 2·BM`
+/// threads, `FwdTile::smem_bytes()` bytes of dynamic shared memory and `.maxntid` of that
+/// block size in its PTX, on
 /// parameters the host validated, whose tensor maps describe `args.fwd`'s Q, K and V.
 #[inline(always)]
 pub unsafe fn flash_fwd_wgmma<
     E: Elem,
     M: AttnMask,
     const D: usize,
+    const BM: usize,
     const BN: usize,
     const D_TILES: usize,
     const N_TILES: usize,
@@ -104,11 +113,12 @@ pub unsafe fn flash_fwd_wgmma<
     const {
         assert!(D % BLOCK_COLS == 0 && D_TILES * 8 == D && N_TILES * 8 == BN);
         assert!(BN == 64 || BN == 128);
+        assert!(BM == 128 || BM == 192);
         assert!(STAGES >= 2); // step i reads K of tile i + 1 and V of tile i
         assert!(BARRIER_BYTES >= 8 * (1 + 4 * STAGES));
     };
     let p = &args.fwd;
-    let layout = SmemLayout::<D, BN, STAGES> {
+    let layout = SmemLayout::<D, BM, BN, STAGES> {
         base: ptx::dyn_smem_base(),
     };
     if layout.base % 1024 != 0 {
@@ -126,7 +136,7 @@ pub unsafe fn flash_fwd_wgmma<
     );
     let mask = M::new(&p.mask, &block);
     if me.tid == 0 {
-        layout.bars().init();
+        layout.bars().init(BM as u32 / MMA_M as u32);
     }
     ptx::bar_sync(); // the barriers are initialised (the only block-wide barrier)
     let first = mask.first_key_tile(block.row0, BM as u32, BN as u32);
@@ -137,7 +147,11 @@ pub unsafe fn flash_fwd_wgmma<
         }
         return;
     }
-    ptx::setmaxnreg_inc::<CONSUMER_REGS>();
+    if BM == 128 {
+        ptx::setmaxnreg_inc::<CONSUMER_REGS_OF_TWO>();
+    } else {
+        ptx::setmaxnreg_inc::<CONSUMER_REGS_OF_THREE>();
+    }
     let producer_threads = (PRODUCER_WARPS * 32) as u32;
     let me = ThreadPos {
         tid: me.tid - producer_threads,
@@ -145,18 +159,20 @@ pub unsafe fn flash_fwd_wgmma<
         lane: me.lane,
     };
     let pingpong = args.schedule == SCHEDULE_PINGPONG;
-    consume::<E, M, D, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
+    consume::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
         p, &block, &mask, layout, first, me, pingpong,
     );
 }
 
 /// Where the tiles and barriers live in dynamic shared memory (see the module docs).
 #[derive(Clone, Copy)]
-struct SmemLayout<const D: usize, const BN: usize, const STAGES: usize> {
+struct SmemLayout<const D: usize, const BM: usize, const BN: usize, const STAGES: usize> {
     base: u32,
 }
 
-impl<const D: usize, const BN: usize, const STAGES: usize> SmemLayout<D, BN, STAGES> {
+impl<const D: usize, const BM: usize, const BN: usize, const STAGES: usize>
+    SmemLayout<D, BM, BN, STAGES>
+{
     /// The Q tile.
     #[inline(always)]
     fn q(self) -> GmmaTile<BM, D> {
@@ -230,42 +246,48 @@ impl<const STAGES: usize> Barriers<STAGES> {
         }
     }
 
-    /// Initialises every barrier (one thread).
+    /// Initialises every barrier (one thread) for `warps` consumer warps.
     #[inline(always)]
-    unsafe fn init(self) {
+    unsafe fn init(self, warps: u32) {
         ptx::mbarrier_init(self.q_full(), 1);
         for s in 0..STAGES as u32 {
             ptx::mbarrier_init(self.k_full(s), 1);
             ptx::mbarrier_init(self.v_full(s), 1);
-            ptx::mbarrier_init(self.k_empty(s), WARPS as u32);
+            ptx::mbarrier_init(self.k_empty(s), warps);
             if Self::SPLIT {
-                ptx::mbarrier_init(self.v_empty(s), WARPS as u32);
+                ptx::mbarrier_init(self.v_empty(s), warps);
             }
         }
         ptx::fence_mbarrier_init();
     }
 }
 
-/// The consumer warpgroups' turns at issuing products ([`SCHEDULE_PINGPONG`]): warpgroup `w`
-/// waits at named barrier `TURN_BARRIER + w` (256 threads: its own wait, the other's
-/// arrival) and, once its products are issued, arrives at the other's. Both run the same key
-/// tiles, so the arrivals and waits pair up exactly: warpgroup 1 arrives once before the loop
-/// (warpgroup 0 goes first) and skips its arrival in the last step.
+/// The consumer warpgroups' turns at issuing products ([`SCHEDULE_PINGPONG`]), round robin:
+/// warpgroup `w` of `count` waits at its named barrier ([`Turns::barrier`]; 256 threads: its own
+/// wait, the previous warpgroup's arrival) and, once its products are issued, arrives at the
+/// next one's. All run the same key tiles, so the arrivals and waits pair up exactly: the
+/// last warpgroup arrives once before the loop (warpgroup 0 goes first) and skips its
+/// arrival in its last turn.
 #[derive(Clone, Copy)]
 struct Turns {
     on: bool,
     wg: u32,
+    count: u32,
 }
 
-/// First named barrier of [`Turns`] (0 is `bar.sync`'s, 1 and 2 the warpgroups' own).
-const TURN_BARRIER: u32 = 3;
-
 impl Turns {
-    /// Before the loop (if it runs at all): warpgroup 1 lets warpgroup 0 go first.
+    /// Named barrier of warpgroup `wg`'s turn: after `bar.sync`'s 0 and the warpgroups' own
+    /// (`1 ..= count`).
+    #[inline(always)]
+    fn barrier(self, wg: u32) -> u32 {
+        1 + self.count + wg
+    }
+
+    /// Before the first turn: the last warpgroup lets warpgroup 0 go first.
     #[inline(always)]
     unsafe fn start(self) {
-        if self.on && self.wg == 1 {
-            ptx::bar_arrive_named(TURN_BARRIER, 2 * WG_THREADS);
+        if self.on && self.wg == self.count - 1 {
+            ptx::bar_arrive_named(self.barrier(0), 2 * WG_THREADS);
         }
     }
 
@@ -273,16 +295,24 @@ impl Turns {
     #[inline(always)]
     unsafe fn wait(self) {
         if self.on {
-            ptx::bar_sync_named(TURN_BARRIER + self.wg, 2 * WG_THREADS);
+            ptx::bar_sync_named(self.barrier(self.wg), 2 * WG_THREADS);
         }
     }
 
-    /// Gives the turn to the other warpgroup (unless this is warpgroup 1's last step, which
-    /// warpgroup 0 does not wait for).
+    /// Gives the turn to the next warpgroup (unless this is the last warpgroup's last turn,
+    /// which warpgroup 0 does not wait for).
     #[inline(always)]
     unsafe fn pass(self, last: bool) {
-        if self.on && !(last && self.wg == 1) {
-            ptx::bar_arrive_named(TURN_BARRIER + (1 - self.wg), 2 * WG_THREADS);
+        let wraps = self.wg == self.count - 1;
+        if self.on && !(last && wraps) {
+            // Two: the other one, as `1 − wg` (the same PTX as before a third warpgroup existed:
+            // the 240-register kernels' allocation moves with any change).
+            let next = match (self.count, wraps) {
+                (2, _) => 1 - self.wg,
+                (_, true) => 0,
+                (_, false) => self.wg + 1,
+            };
+            ptx::bar_arrive_named(self.barrier(next), 2 * WG_THREADS);
         }
     }
 }
@@ -295,11 +325,17 @@ fn ring<const STAGES: usize>(j: u32) -> (u32, u32) {
 
 /// The producer (one thread): Q, then each key tile the mask visits into the next free stage.
 #[inline(always)]
-unsafe fn produce<M: AttnMask, const D: usize, const BN: usize, const STAGES: usize>(
+unsafe fn produce<
+    M: AttnMask,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const STAGES: usize,
+>(
     maps: u64,
     block: &BlockInfo,
     mask: &M,
-    layout: SmemLayout<D, BN, STAGES>,
+    layout: SmemLayout<D, BM, BN, STAGES>,
     first: u32,
 ) {
     let (map_q, map_k, map_v) = (
@@ -334,7 +370,8 @@ unsafe fn produce<M: AttnMask, const D: usize, const BN: usize, const STAGES: us
     }
 }
 
-/// A consumer warpgroup's part: the key loop over its 64 rows, then O and LSE. `me` counts
+/// A consumer warpgroup's part: the key loop over its 64 rows ([`consume_overlapped`] with
+/// two consumer warpgroups, [`consume_in_turn`] with three), then O and LSE. `me` counts
 /// threads and warps from the first consumer.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -342,6 +379,7 @@ unsafe fn consume<
     E: Elem,
     M: AttnMask,
     const D: usize,
+    const BM: usize,
     const BN: usize,
     const D_TILES: usize,
     const N_TILES: usize,
@@ -351,22 +389,21 @@ unsafe fn consume<
     p: &FwdParams,
     block: &BlockInfo,
     mask: &M,
-    layout: SmemLayout<D, BN, STAGES>,
+    layout: SmemLayout<D, BM, BN, STAGES>,
     first: Option<u32>,
     me: ThreadPos,
     pingpong: bool,
 ) {
-    let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
     let warp_m0 = me.warp as usize * MMA_M; // first row of this warp
     let wg = me.warp / 4;
     let wg_m0 = wg as usize * WG_ROWS; // first row of this warpgroup
     let mut o = AccTile::<1, D_TILES>::zero();
     let mut softmax = OnlineSoftmax::<1>::new();
-    let (row0, bm, bn) = (block.row0, BM as u32, BN as u32);
+    let row0 = block.row0;
     if let Some(first) = first {
         let pos = FragPos::of(me.lane);
         let rows = RowVec::<u32, 1>::from_fn(|_, r| row0 + pos.row(0, r) + warp_m0 as u32);
-        let pipe = Pipeline::<E, M, D, BN, STAGES, DROPOUT> {
+        let pipe = Pipeline::<E, M, D, BM, BN, STAGES, DROPOUT> {
             layout,
             lane: me.lane,
             wg_m0,
@@ -387,69 +424,185 @@ unsafe fn consume<
             ptx::fence_proxy_async_shared_cta();
             ptx::bar_sync_named(1 + wg, WG_THREADS);
         }
-        let mut s = AccTile::<1, N_TILES>::zero();
-        pipe.wait_k(0);
-        ptx::wgmma_fence();
-        pipe.issue_s(&mut s, 0);
-        ptx::wgmma_wait_group::<0>();
-        ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
-        if early_k {
-            pipe.release_k(0);
+        let turns = Turns {
+            on: pingpong,
+            wg,
+            count: (BM / WG_ROWS) as u32,
+        };
+        if BM == 2 * WG_ROWS {
+            consume_overlapped::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
+                &pipe,
+                first,
+                turns,
+                &mut o,
+                &mut softmax,
+            );
+        } else {
+            consume_in_turn::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
+                &pipe,
+                first,
+                turns,
+                &mut o,
+                &mut softmax,
+            );
         }
-        pipe.softmax(&mut s, &mut softmax, first); // O is still zero: nothing to rescale
-        let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
-        let mut next = mask.next_key_tile(row0, bm, bn, first);
-        let turns = Turns { on: pingpong, wg };
-        if next.is_some() {
-            turns.start();
-        }
-        // Tile `i` has its P in `p_cur`; tile `i + 1` is `next`.
-        let mut i = 0u32;
-        while let Some(n) = next {
-            let after = mask.next_key_tile(row0, bm, bn, n);
-            // S of tile i + 1 and O += P·V of tile i, both on the tensor cores; the softmax of
-            // tile i + 1 runs while the second product does (and, taking turns, while the
-            // other warpgroup's products do).
-            pipe.wait_k(i + 1);
-            pipe.wait_v(i);
-            turns.wait();
-            ptx::wgmma_fence();
-            pipe.issue_s(&mut s, i + 1);
-            pipe.issue_pv(&mut o, &p_cur, i);
-            turns.pass(after.is_none());
-            ptx::wgmma_wait_group::<1>();
-            ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
-            if early_k {
-                pipe.release_k(i + 1);
-            }
-            let factor = pipe.softmax(&mut s, &mut softmax, n);
-            ptx::wgmma_wait_group::<0>();
-            ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
-            pipe.release_v(i);
-            if let Some(factor) = factor {
-                o.scale_rows(&factor); // O ·= 2^(m − m'), now that P·V of tile i is in
-            }
-            p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
-            i += 1;
-            next = after;
-        }
-        pipe.wait_v(i);
-        ptx::wgmma_fence();
-        pipe.issue_pv(&mut o, &p_cur, i);
-        ptx::wgmma_wait_group::<0>();
-        ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
     }
     let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
     let first_row = row0 + warp_m0 as u32;
     store_output::<E, M, 1, D_TILES>(p, block, mask, first_row, &o, &softmax, o_scale);
 }
 
+/// The key loop of two consumer warpgroups (see the module docs' drawing): the softmax of
+/// tile i + 1 runs while the warpgroup's own P·V of tile i does, and, taking turns, while the
+/// other warpgroup's products do.
+#[inline(always)]
+unsafe fn consume_overlapped<
+    E: Elem,
+    M: AttnMask,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const D_TILES: usize,
+    const N_TILES: usize,
+    const STAGES: usize,
+    const DROPOUT: bool,
+>(
+    pipe: &Pipeline<'_, E, M, D, BM, BN, STAGES, DROPOUT>,
+    first: u32,
+    turns: Turns,
+    o: &mut AccTile<1, D_TILES>,
+    softmax: &mut OnlineSoftmax<1>,
+) {
+    let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
+    let (mask, row0, bm, bn) = (pipe.mask, pipe.row0, BM as u32, BN as u32);
+    let mut s = AccTile::<1, N_TILES>::zero();
+    pipe.wait_k(0);
+    ptx::wgmma_fence();
+    pipe.issue_s(&mut s, 0);
+    ptx::wgmma_wait_group::<0>();
+    ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+    if early_k {
+        pipe.release_k(0);
+    }
+    pipe.softmax(&mut s, softmax, first); // O is still zero: nothing to rescale
+    let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+    let mut next = mask.next_key_tile(row0, bm, bn, first);
+    if next.is_some() {
+        turns.start();
+    }
+    // Tile `i` has its P in `p_cur`; tile `i + 1` is `next`.
+    let mut i = 0u32;
+    while let Some(n) = next {
+        let after = mask.next_key_tile(row0, bm, bn, n);
+        // S of tile i + 1 and O += P·V of tile i, both on the tensor cores; the softmax of
+        // tile i + 1 runs while the second product does (and, taking turns, while the
+        // other warpgroup's products do).
+        pipe.wait_k(i + 1);
+        pipe.wait_v(i);
+        turns.wait();
+        ptx::wgmma_fence();
+        pipe.issue_s(&mut s, i + 1);
+        pipe.issue_pv(o, &p_cur, i);
+        turns.pass(after.is_none());
+        ptx::wgmma_wait_group::<1>();
+        ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+        if early_k {
+            pipe.release_k(i + 1);
+        }
+        let factor = pipe.softmax(&mut s, softmax, n);
+        ptx::wgmma_wait_group::<0>();
+        ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+        pipe.release_v(i);
+        if let Some(factor) = factor {
+            o.scale_rows(&factor); // O ·= 2^(m − m'), now that P·V of tile i is in
+        }
+        p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+        i += 1;
+        next = after;
+    }
+    pipe.wait_v(i);
+    ptx::wgmma_fence();
+    pipe.issue_pv(o, &p_cur, i);
+    ptx::wgmma_wait_group::<0>();
+    ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+}
+
+/// The key loop of three consumer warpgroups: a warpgroup's products and its softmax run in
+/// turn, so only S and O are live through the softmax (P exists from the softmax's end until
+/// its P·V completes). Per tile `i`, in the warpgroup's turn: issue S = Q·Kᵢᵀ (P·Vᵢ₋₁,
+/// issued at the end of the previous step, runs ahead of it); wait for both; free the
+/// stage of tile i − 1 (and, in a ring of two, K of tile i); Pᵢ ← softmax; O ·= rescale;
+/// issue O += Pᵢ·Vᵢ.
+#[inline(always)]
+unsafe fn consume_in_turn<
+    E: Elem,
+    M: AttnMask,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const D_TILES: usize,
+    const N_TILES: usize,
+    const STAGES: usize,
+    const DROPOUT: bool,
+>(
+    pipe: &Pipeline<'_, E, M, D, BM, BN, STAGES, DROPOUT>,
+    first: u32,
+    turns: Turns,
+    o: &mut AccTile<1, D_TILES>,
+    softmax: &mut OnlineSoftmax<1>,
+) {
+    let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
+    let (mask, row0, bm, bn) = (pipe.mask, pipe.row0, BM as u32, BN as u32);
+    let mut s = AccTile::<1, N_TILES>::zero();
+    turns.start();
+    let (mut n, mut i) = (first, 0u32);
+    loop {
+        let after = mask.next_key_tile(row0, bm, bn, n);
+        pipe.wait_k(i);
+        turns.wait();
+        ptx::wgmma_fence();
+        pipe.issue_s(&mut s, i);
+        turns.pass(after.is_none());
+        ptx::wgmma_wait_group::<0>();
+        ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+        ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+        if i > 0 {
+            pipe.release_v(i - 1);
+        }
+        if early_k {
+            pipe.release_k(i);
+        }
+        if let Some(factor) = pipe.softmax(&mut s, softmax, n) {
+            o.scale_rows(&factor); // P·V of tile i − 1 is in
+        }
+        let p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+        pipe.wait_v(i);
+        ptx::wgmma_fence();
+        pipe.issue_pv(o, &p_cur, i);
+        match after {
+            Some(next) => n = next,
+            None => break,
+        }
+        i += 1;
+    }
+    ptx::wgmma_wait_group::<0>();
+    ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+}
+
 /// What a consumer thread needs to run the key loop: the shared-memory layout, its rows, the
 /// mask and the dropout generator. Methods, not closures: a closure that LLVM leaves out of
 /// line moves the register tiles it takes by reference to local memory.
-struct Pipeline<'a, E, M, const D: usize, const BN: usize, const STAGES: usize, const DROPOUT: bool>
-{
-    layout: SmemLayout<D, BN, STAGES>,
+struct Pipeline<
+    'a,
+    E,
+    M,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const STAGES: usize,
+    const DROPOUT: bool,
+> {
+    layout: SmemLayout<D, BM, BN, STAGES>,
     lane: u32,
     /// First row of the thread's warpgroup in the block.
     wg_m0: usize,
@@ -466,10 +619,11 @@ impl<
         E: Elem,
         M: AttnMask,
         const D: usize,
+        const BM: usize,
         const BN: usize,
         const STAGES: usize,
         const DROPOUT: bool,
-    > Pipeline<'_, E, M, D, BN, STAGES, DROPOUT>
+    > Pipeline<'_, E, M, D, BM, BN, STAGES, DROPOUT>
 {
     /// Waits until the K tile of loop tile `i` has landed.
     #[inline(always)]
