@@ -188,8 +188,20 @@ mod tests {
 
     #[test]
     fn only_the_warp_specialised_kernels_declare_their_block_size() {
-        let hopper = ALL_KERNELS.iter().find(|k| k.maxntid).unwrap();
-        assert_eq!(maxntid(hopper.name, "sm_90a"), Some(384));
+        // A producer warpgroup and two consumer warpgroups, or three.
+        for k in ALL_KERNELS.iter().filter(|k| k.maxntid) {
+            let threads = maxntid(k.name, "sm_90a");
+            assert!(
+                matches!(threads, Some(384 | 512)),
+                "{}: {threads:?}",
+                k.name
+            );
+        }
+        assert_eq!(
+            maxntid("flash_fwd_wgmma_masked_bf16_d128", "sm_90a"),
+            Some(384)
+        );
+        assert_eq!(maxntid("flash_fwd_wgmma_bf16_d64", "sm_90a"), Some(512));
         let plain = ALL_KERNELS.iter().find(|k| !k.maxntid).unwrap();
         assert_eq!(maxntid(plain.name, "sm_90a"), None);
     }

@@ -572,10 +572,7 @@ unsafe fn consume_in_turn<
         if early_k {
             pipe.release_k(i);
         }
-        if let Some(factor) = pipe.softmax(&mut s, softmax, n) {
-            o.scale_rows(&factor); // P·V of tile i − 1 is in
-        }
-        let p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+        let p_cur = pipe.probabilities(&mut s, softmax, o, n); // P·V of tile i − 1 is in
         pipe.wait_v(i);
         ptx::wgmma_fence();
         pipe.issue_pv(o, &p_cur, i);
@@ -706,6 +703,26 @@ impl<
         ptx::wgmma_commit_group();
     }
 
+    /// The register-tile step of key tile `n` (see [`KeyTile`]).
+    #[inline(always)]
+    fn key_tile(&self, n: u32) -> KeyTile<'_, M, 1> {
+        KeyTile {
+            mask: self.mask,
+            rows: &self.rows,
+            key0: n * BN as u32,
+            lane: self.lane,
+            scale: self.scale,
+            rng: &self.rng,
+        }
+    }
+
+    /// The consumers' softmax schedule: O rescaled rarely; a consumer warp has no other warp
+    /// of its own to hide the reductions' latency behind (see `device::softmax`).
+    const TUNING: Tuning = Tuning {
+        lazy_max: true,
+        two_chains: true,
+    };
+
     /// P (in place) from S of key tile `n`; returns the factor O's rows must be multiplied by,
     /// if a row maximum moved.
     #[inline(always)]
@@ -715,20 +732,7 @@ impl<
         softmax: &mut OnlineSoftmax<1>,
         n: u32,
     ) -> Option<RowVec<f32, 1>> {
-        let tile = KeyTile {
-            mask: self.mask,
-            rows: &self.rows,
-            key0: n * BN as u32,
-            lane: self.lane,
-            scale: self.scale,
-            rng: &self.rng,
-        };
-        // O rescaled rarely; a consumer warp has no other warp of its own to hide the
-        // reductions' latency behind (see `device::softmax`).
-        let tuning = Tuning {
-            lazy_max: true,
-            two_chains: true,
-        };
+        let (tile, tuning) = (self.key_tile(n), Self::TUNING);
         let mut factor = None;
         if self
             .mask
@@ -739,5 +743,30 @@ impl<
             tile.scores_to_probabilities::<false, DROPOUT, NT>(s, softmax, &mut factor, tuning);
         }
         factor
+    }
+
+    /// As [`Self::softmax`] for a warpgroup whose O is not in flight: O is rescaled at once
+    /// and P packed inside each branch (masked tile or not), so the branches meet on P and O.
+    /// Meeting on S and the factor, ptxas copied 30-odd scores between registers in the
+    /// unmasked branch of the plain kind's kernel.
+    #[inline(always)]
+    unsafe fn probabilities<const NT: usize, const DT: usize>(
+        &self,
+        s: &mut AccTile<1, NT>,
+        softmax: &mut OnlineSoftmax<1>,
+        o: &mut AccTile<1, DT>,
+        n: u32,
+    ) -> PackedTile<1, NT> {
+        let (tile, tuning) = (self.key_tile(n), Self::TUNING);
+        if self
+            .mask
+            .tile_needs_mask(self.row0, BM as u32, n, BN as u32)
+        {
+            tile.scores_to_probabilities::<true, DROPOUT, NT>(s, softmax, o, tuning);
+            PackedTile::<1, NT>::pack::<E>(s)
+        } else {
+            tile.scores_to_probabilities::<false, DROPOUT, NT>(s, softmax, o, tuning);
+            PackedTile::<1, NT>::pack::<E>(s)
+        }
     }
 }
