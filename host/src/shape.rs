@@ -389,11 +389,14 @@ pub(crate) fn check_decode_shapes(
 /// lengths reach against the pool (`table`: the block table, row-major `[batch, max_pages]`;
 /// empty for a contiguous cache); calls `each(b, keys)` with the keys sequence `b` attends to
 /// (cached + appended), which must be at least `min_keys` (a tree mask's drafts).
+/// `table_checked`: every entry of `table` is already known to name a page of the pool
+/// ([`crate::HostBlockTable::checked`]), so the pages are not checked again.
 pub(crate) fn check_decode_lengths(
     shape: &DecodeShape,
     lens: &[i32],
     min_keys: usize,
     table: &[i32],
+    table_checked: bool,
     mut each: impl FnMut(usize, usize) -> Result<()>,
 ) -> Result<()> {
     let (appended, capacity) = (shape.appended, shape.capacity);
@@ -409,7 +412,8 @@ pub(crate) fn check_decode_lengths(
                 ))
             })?;
         // The table holds `capacity / page_size` pages per sequence (checked).
-        if let Some(max_pages) = shape.capacity.checked_div(shape.page_size) {
+        let max_pages = shape.capacity.checked_div(shape.page_size);
+        if let Some(max_pages) = max_pages.filter(|_| !table_checked) {
             let row = &table[b * max_pages..][..keys.div_ceil(shape.page_size)];
             if let Some((slot, p)) = first_bad_page(row, shape.entries) {
                 return Err(FlashError::Shape(format!(
@@ -432,7 +436,7 @@ pub(crate) fn check_decode_lengths(
 /// first (negative pages read as large unsigned ones), which the compiler vectorises even for
 /// baseline x86-64: the block table of a large batch has ~10⁵–10⁶ entries, checked on every
 /// call (524K entries: 34 µs on this pass, 130 µs with an unsigned maximum, which SSE2 lacks).
-fn first_bad_page(pages: &[i32], entries: usize) -> Option<(usize, i32)> {
+pub(crate) fn first_bad_page(pages: &[i32], entries: usize) -> Option<(usize, i32)> {
     // At most 2³¹: every negative page stays at or above it.
     let limit = entries.min(1 << 31) as u32;
     if pages

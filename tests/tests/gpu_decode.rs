@@ -10,7 +10,8 @@
 use flash_attn::cpu::{attention_naive, attention_reference, gather_sequence};
 use flash_attn::{
     attn_with_kvcache, attn_with_kvcache_into, flash_attn, merge_attention_states, AttnParams,
-    DecodeOptions, Device, DeviceTensor, Element, FlashError, HostCacheMeta, KvCache, NewKv,
+    DecodeOptions, Device, DeviceTensor, Element, FlashError, HostBlockTable, HostCacheMeta,
+    KvCache, NewKv,
 };
 use flash_attn_tests::gpu::{device as gpu_device, download3, download4, gpu_cases};
 use flash_attn_tests::{
@@ -110,6 +111,16 @@ impl<T: Element> HostCache<T> {
     }
 }
 
+/// The host copy of a block table: checked once against the pool (`HostBlockTable::checked`,
+/// the per-call check skipped) for even seeds, else checked by the call.
+fn host_table(entries: &[i32], pool_pages: usize, seed: u64) -> HostBlockTable<'_> {
+    if seed.is_multiple_of(2) {
+        HostBlockTable::checked(entries, pool_pages).expect("the test's table is valid")
+    } else {
+        entries.into()
+    }
+}
+
 /// Runs one case and checks O, LSE and the updated cache.
 fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
     let err = |e: FlashError| format!("{c:?}: {e}");
@@ -141,6 +152,7 @@ fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
     let mut vc = up4(&host.v)?;
     let lens: Vec<i32> = c.lens.iter().map(|&l| l as i32).collect();
     let table_host: Option<Vec<i32>> = host.table.as_ref().map(|t| t.iter().copied().collect());
+    let pool_pages = host.k.dim().0;
     let lens_d = DeviceTensor::from_host(dev, &[b], &lens).map_err(err)?;
     let table_d = match &host.table {
         Some(t) => Some(DeviceTensor::from_ndarray(dev, t.view()).map_err(err)?),
@@ -164,7 +176,9 @@ fn run_case<T: Element>(dev: &Device, c: &Case) -> Result<(), String> {
             block_table: table_d.as_ref(),
             host: c.host_meta.then_some(HostCacheMeta {
                 seqlens: &lens,
-                block_table: table_host.as_deref(),
+                block_table: table_host
+                    .as_deref()
+                    .map(|t| host_table(t, pool_pages, c.seed)),
             }),
         },
         new_d.as_ref().map(|(k, v)| NewKv { k, v }),
@@ -692,7 +706,7 @@ fn host_cache_meta_that_lies_stays_inside_the_cache() {
     // The host copy says something valid.
     let host = HostCacheMeta {
         seqlens: &[20, 3],
-        block_table: Some(&[0, 1, 2, 3, 4, 5]),
+        block_table: Some((&[0, 1, 2, 3, 4, 5][..]).into()),
     };
     for splits in [1, 4] {
         let (o, lse) = attn_with_kvcache(
@@ -717,23 +731,48 @@ fn host_cache_meta_that_lies_stays_inside_the_cache() {
         assert_eq!(download3(dev, &lse).dim(), (b, 4, 2));
     }
     // An invalid host copy is a typed error like an invalid device tensor.
+    let bad_entries = [0, 6, 2, 3, 4, 5];
     let bad = HostCacheMeta {
         seqlens: &[20, 3],
-        block_table: Some(&[0, 6, 2, 3, 4, 5]),
+        block_table: Some((&bad_entries[..]).into()),
     };
-    let r = attn_with_kvcache(
-        dev,
-        &qd,
-        KvCache {
-            k: &mut k,
-            v: &mut v,
-            seqlens: &lens_d,
-            block_table: Some(&table_d),
-            host: Some(bad),
-        },
-        None,
-        &AttnParams::default(),
-        &DecodeOptions::default(),
-    );
+    let mut call = |host: HostCacheMeta| {
+        attn_with_kvcache(
+            dev,
+            &qd,
+            KvCache {
+                k: &mut k,
+                v: &mut v,
+                seqlens: &lens_d,
+                block_table: Some(&table_d),
+                host: Some(host),
+            },
+            None,
+            &AttnParams::default(),
+            &DecodeOptions::default(),
+        )
+        .map(|_| ())
+    };
+    let r = call(bad);
     assert!(matches!(r, Err(FlashError::Shape(_))), "{:?}", r.err());
+    // A table checked against a larger pool than the cache's is checked again by the call.
+    let checked_larger = HostBlockTable::checked(&bad_entries, pages + 1).unwrap();
+    let r = call(HostCacheMeta {
+        seqlens: &[20, 3],
+        block_table: Some(checked_larger),
+    });
+    assert!(matches!(r, Err(FlashError::Shape(_))), "{:?}", r.err());
+    // One checked against this pool is trusted (no per-call check), and gives the results
+    // of the same table checked by the call.
+    let good = [5, 4, 3, 2, 1, 0];
+    let checked = HostBlockTable::checked(&good, pages).unwrap();
+    call(HostCacheMeta {
+        seqlens: &[20, 3],
+        block_table: Some(checked),
+    })
+    .unwrap();
+    // Checking rejects an entry outside the pool, naming it.
+    let e = HostBlockTable::checked(&bad_entries, pages).unwrap_err();
+    assert!(e.to_string().contains("entry 1 = 6"), "{e}");
+    assert!(HostBlockTable::checked(&[0, -1], pages).is_err());
 }

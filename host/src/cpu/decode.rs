@@ -264,7 +264,7 @@ fn check_call<T>(
     // Borrowed as it is when already row-major (the usual case), copied otherwise.
     let table = block_table.as_ref().map(|t| t.as_standard_layout());
     let table = table.as_ref().and_then(|t| t.as_slice()).unwrap_or(&[]);
-    check_decode_lengths(&shape, seqlens, min_keys, table, |_, keys| {
+    check_decode_lengths(&shape, seqlens, min_keys, table, false, |_, keys| {
         cached.push(keys - shape.appended);
         max_keys = max_keys.max(keys);
         Ok(())

@@ -59,8 +59,64 @@ pub struct KvCache<'a, T> {
 pub struct HostCacheMeta<'a> {
     /// `seqlens`, `[B]`.
     pub seqlens: &'a [i32],
-    /// The block table, row-major `[B, max_pages]` (paged caches).
-    pub block_table: Option<&'a [i32]>,
+    /// The block table (paged caches).
+    pub block_table: Option<HostBlockTable<'a>>,
+}
+
+/// A host copy of a block table, row-major `[B, max_pages]`, for [`HostCacheMeta`].
+///
+/// From [`HostBlockTable::new`] (or `From<&[i32]>`), each call checks the entries its
+/// sequences' keys reach: with pages of 16 keys and long sequences that is 10⁵–10⁶ entries
+/// per call (on the H100 machine's CPU, 35–85 µs for 131K entries, 85–200 µs for 524K). A
+/// decode step runs one call per layer on the same table: [`HostBlockTable::checked`] checks
+/// every entry once, and calls on a pool of at least that many pages then skip the per-entry
+/// check. The borrow keeps the entries unchanged while the value lives.
+#[derive(Clone, Copy, Debug)]
+pub struct HostBlockTable<'a> {
+    entries: &'a [i32],
+    /// Every entry lies in `0..pages` (checked by [`Self::checked`]).
+    checked_pages: Option<usize>,
+}
+
+impl<'a> HostBlockTable<'a> {
+    /// The table `entries`, checked by each call that uses it.
+    pub fn new(entries: &'a [i32]) -> Self {
+        Self {
+            entries,
+            checked_pages: None,
+        }
+    }
+
+    /// The table `entries`, every one checked now to name a page of a pool of `pages` pages
+    /// (typed error naming the first that does not). Calls on a cache of at least `pages`
+    /// pages do not check the entries again; calls on a smaller pool do.
+    pub fn checked(entries: &'a [i32], pages: usize) -> Result<Self> {
+        if let Some((slot, page)) = crate::shape::first_bad_page(entries, pages) {
+            return Err(FlashError::Shape(format!(
+                "block table entry {slot} = {page} is not a page of a pool of {pages}"
+            )));
+        }
+        Ok(Self {
+            entries,
+            checked_pages: Some(pages),
+        })
+    }
+
+    /// The entries, row-major `[B, max_pages]`.
+    pub fn entries(&self) -> &'a [i32] {
+        self.entries
+    }
+
+    /// Whether every entry is known to name a page of a pool of `pages` pages.
+    pub(crate) fn known_within(&self, pages: usize) -> bool {
+        self.checked_pages.is_some_and(|p| p <= pages)
+    }
+}
+
+impl<'a> From<&'a [i32]> for HostBlockTable<'a> {
+    fn from(entries: &'a [i32]) -> Self {
+        Self::new(entries)
+    }
 }
 
 /// Keys and values of the new tokens, `[B, N_new, Hkv, d]` each, appended to the cache by
@@ -552,4 +608,22 @@ fn stats(dev: &Device, t: &DeviceTensor<f32>) -> RowStatsRef {
 /// layout).
 fn raw_operand<T: Element>(dev: &Device, t: &DeviceTensor<T>) -> TensorRef {
     operand(dev, t, &None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checked_block_table_names_pages_of_its_pool_only() {
+        let t = HostBlockTable::checked(&[3, 0, 2, 1], 4).unwrap();
+        assert_eq!(t.entries(), &[3, 0, 2, 1]);
+        assert!(t.known_within(4) && t.known_within(9) && !t.known_within(3));
+        let e = HostBlockTable::checked(&[3, 0, 4, 1], 4).unwrap_err();
+        assert!(e.to_string().contains("entry 2 = 4"), "{e}");
+        assert!(HostBlockTable::checked(&[0, -2], 4).is_err());
+        assert!(HostBlockTable::checked(&[], 0).is_ok());
+        let unchecked = HostBlockTable::from(&[7, 8][..]);
+        assert!(!unchecked.known_within(usize::MAX));
+    }
 }

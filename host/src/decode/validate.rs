@@ -135,15 +135,19 @@ pub(super) fn check_cache<T: Element>(
 
     // The lengths and pages, read back: every key the call writes or reads must exist.
     let max_pages = table_dims.map_or(0, |[_, m]| m);
+    let mut table_checked = false;
     let (lens, table) = match cache.host {
         Some(host) => {
             let table = match (host.block_table, table_dims) {
-                (Some(t), Some(_)) if t.len() == batch * max_pages => Cow::Borrowed(t),
+                (Some(t), Some(_)) if t.entries().len() == batch * max_pages => {
+                    table_checked = t.known_within(shape.entries);
+                    Cow::Borrowed(t.entries())
+                }
                 (None, None) => Cow::Borrowed(&[][..]),
                 (t, _) => {
                     return Err(FlashError::Shape(format!(
                         "the host block table has {:?} entries, the device one {} ({batch} × {max_pages})",
-                        t.map(<[i32]>::len),
+                        t.map(|t| t.entries().len()),
                         batch * max_pages
                     )))
                 }
@@ -165,7 +169,7 @@ pub(super) fn check_cache<T: Element>(
         ),
     };
     let mut max_keys = 0;
-    check_decode_lengths(&shape, &lens, min_keys, &table, |_, keys| {
+    check_decode_lengths(&shape, &lens, min_keys, &table, table_checked, |_, keys| {
         max_keys = max_keys.max(keys);
         Ok(())
     })?;

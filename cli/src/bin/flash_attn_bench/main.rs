@@ -8,7 +8,10 @@
 //! Hkv ∈ {1, 8}, d = 128, bf16, B ∈ {1, 8, 64}, contexts 1K to 128K where K and V fit in
 //! 24 GB, contiguous and paged caches with pages of 16 and 256 keys): rows with `op` =
 //! `decode`, latency and the effective bandwidth (bytes of K and V read ÷ time), the splits,
-//! the kernel launches per call and the host's time inside a call (`host_us`).
+//! the kernel launches per call and the host's time inside a call (`host_us`). `meta`: the
+//! lengths and block table validated from host copies (`host`), read back from the device
+//! (`device`, contiguous caches), or (`checked`, paged caches) from host copies whose block
+//! table was checked once before the timed calls (`HostBlockTable::checked`).
 //!
 //! `--op masks` times the mask family and varlen instead (see `masks.rs`): rows with a `mask`
 //! key, N = 16K and 64K (`--quick`: 16K; `--n` picks one).
@@ -31,7 +34,7 @@ use flash_attn::timing::{median, time_ms};
 use flash_attn::{
     attn_with_kvcache_into, auto_decode_splits, backward_kernel_name, flash_attn_backward_into,
     flash_attn_into, forward_kernel_name, AttnParams, BackwardPath, BwdMode, DecodeOptions, Device,
-    DeviceTensor, Element, ForwardPath, HostCacheMeta, KvCache, Result,
+    DeviceTensor, Element, ForwardPath, HostBlockTable, HostCacheMeta, KvCache, Result,
 };
 use half::{bf16, f16};
 
@@ -541,16 +544,22 @@ fn bench_decode(
                     let table_host = table.as_ref().map(|t| t.to_host(dev)).transpose()?;
                     // Validation from host copies of the lengths and table (no
                     // synchronisation), and for contiguous caches also from the device
-                    // tensors read back (the call's default).
+                    // tensors read back (the call's default); paged, also with the table
+                    // checked once before the timed calls (`checked`, as a decode step does
+                    // for all its layers).
                     let metas: &[&str] = if page == 0 {
                         &["host", "device"]
                     } else {
-                        &["host"]
+                        &["host", "checked"]
                     };
                     for &meta in metas {
-                        let host = (meta == "host").then(|| HostCacheMeta {
+                        let block_table = match (meta, table_host.as_deref()) {
+                            ("checked", Some(t)) => Some(HostBlockTable::checked(t, pages)?),
+                            (_, t) => t.map(HostBlockTable::from),
+                        };
+                        let host = (meta != "device").then_some(HostCacheMeta {
                             seqlens: &lens_host,
-                            block_table: table_host.as_deref(),
+                            block_table,
                         });
                         let mut call = || {
                             attn_with_kvcache_into(
