@@ -27,12 +27,21 @@ pub struct Device {
     backward_path: AtomicU8,
     /// The `wgmma` kernels' schedule (`FLASH_ATTN_WGMMA_PINGPONG`, read once).
     wgmma_schedule: u32,
+    /// Whether the persistent `wgmma` kernels run persistent blocks
+    /// (`FLASH_ATTN_WGMMA_PERSISTENT`, read once).
+    wgmma_persistent: bool,
     max_smem_optin: usize,
     sm_count: usize,
     loaded: Mutex<HashMap<&'static str, Loaded>>,
     /// Blocks of each kernel an SM holds at once (see [`Device::resident_blocks`]).
     occupancy: Mutex<HashMap<&'static str, usize>>,
 }
+
+/// Most keys for which the persistent `wgmma` kernels run persistent blocks. Measured on the
+/// H100 against one block per tile on the same kernels (bf16 and f16, d = 64 and 128): 1.02–1.09×
+/// at 1K–4K keys (the blocks' start and end are a larger share of short calls), within ±4 % at
+/// 8K, 0.94–1.01× at 16K without a mask (docs/perf-notes.md).
+pub(crate) const PERSISTENT_MAX_KEYS: usize = 4096;
 
 /// Which kernels the forward runs on Hopper (compute capability 9.0); other GPUs always run
 /// the `mma.sync` kernels.
@@ -82,7 +91,8 @@ impl Device {
     /// `FLASH_ATTN_JIT=1` the PTX (JIT) path instead of the embedded SASS, and
     /// `FLASH_ATTN_FWD=mma` or `=wgmma` one forward path on Hopper (see [`ForwardPath`]),
     /// `FLASH_ATTN_BWD=mma` the backward's `mma.sync` kernels there (see [`BackwardPath`]), and
-    /// `FLASH_ATTN_WGMMA_PINGPONG=0` the `wgmma` kernels' schedule without turns, for
+    /// `FLASH_ATTN_WGMMA_PINGPONG=0` the `wgmma` kernels' schedule without turns, and
+    /// `FLASH_ATTN_WGMMA_PERSISTENT=0` one block per query tile on the persistent ones, for
     /// testing. Raises the release threshold of the device's default memory pool (where
     /// cudarc's allocations come from) from 0 to unlimited, unless something set it already
     /// or `FLASH_ATTN_POOL_RETAIN=0`: freed memory then stays in the pool for the next
@@ -120,6 +130,7 @@ impl Device {
             Ok("0") => 0,
             _ => SCHEDULE_PINGPONG,
         };
+        let wgmma_persistent = std::env::var("FLASH_ATTN_WGMMA_PERSISTENT").as_deref() != Ok("0");
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
@@ -148,6 +159,7 @@ impl Device {
             forward_path: AtomicU8::new(forward_path as u8),
             backward_path: AtomicU8::new(backward_path as u8),
             wgmma_schedule,
+            wgmma_persistent,
             max_smem_optin,
             sm_count,
             loaded: Mutex::new(HashMap::new()),
@@ -191,6 +203,18 @@ impl Device {
     /// `FLASH_ATTN_WGMMA_PINGPONG=0` (a diagnostic switch for benchmarks; both are exact).
     pub(crate) fn wgmma_schedule(&self) -> u32 {
         self.wgmma_schedule
+    }
+
+    /// Blocks of a persistent `wgmma` kernel for `tiles` query tiles over at most
+    /// `seqlen_k` keys: at most one per SM (which is all its shared memory allows) up to
+    /// [`PERSISTENT_MAX_KEYS`] keys, else one per tile, as always with
+    /// `FLASH_ATTN_WGMMA_PERSISTENT=0` (a diagnostic switch; both are exact).
+    pub(crate) fn persistent_blocks(&self, tiles: usize, seqlen_k: usize) -> usize {
+        if self.wgmma_persistent && seqlen_k <= PERSISTENT_MAX_KEYS {
+            tiles.min(self.sm_count)
+        } else {
+            tiles
+        }
     }
 
     /// Which kernels the backward takes on Hopper (see [`BackwardPath`]; from

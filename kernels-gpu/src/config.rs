@@ -39,11 +39,16 @@ pub struct FwdTile {
     /// Warps that only load tiles (Hopper's warp-specialised kernels: one warpgroup), beside
     /// the `warps` that compute; their `mbarrier`s follow the tiles in shared memory.
     pub producer_warps: usize,
+    /// Persistent blocks (Hopper's warp-specialised kernels): about one block per SM, each
+    /// taking query tiles one after another from a counter, the next tile's loads overlapping
+    /// the current one's end; else one block per query tile.
+    pub persistent: bool,
 }
 
 /// Bytes of `mbarrier`s after the tiles of a kernel with producer warps: Q's, then K's and
-/// V's arrival and free signals of each stage of a ring of up to 3 (8 bytes each).
-pub const TMA_BARRIER_BYTES: usize = 8 * (1 + 4 * 3);
+/// V's arrival and free signals of each stage of a ring of up to 3 (8 bytes each), then (the
+/// persistent kernels) Q's free signal and the slot of the block's current query tile.
+pub const TMA_BARRIER_BYTES: usize = 8 * (1 + 4 * 3) + 16;
 
 impl FwdTile {
     /// The tile for `head_dim` from the registry's `(warps, m_tiles, block_n, q_in_regs)`.
@@ -58,7 +63,13 @@ impl FwdTile {
             q_in_regs,
             kv_stages: 2,
             producer_warps: 0,
+            persistent: false,
         }
+    }
+
+    /// This tile with persistent blocks (see [`FwdTile::persistent`]) if `persistent`.
+    pub const fn with_persistent(self, persistent: bool) -> Self {
+        Self { persistent, ..self }
     }
 
     /// This tile with `stages` (K, V) pairs in the shared-memory ring.

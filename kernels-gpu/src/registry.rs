@@ -109,6 +109,11 @@ pub type DecodeKernel = KernelRow<DecodeTile>;
 const PLAIN: bool = false;
 /// Registry token of the kernels with attention dropout.
 const DROPOUT: bool = true;
+/// Registry token of the `wgmma` forward kernels with one block per query tile.
+const PER_TILE: bool = false;
+/// Registry token of the `wgmma` forward kernels with persistent blocks
+/// ([`FwdTile::persistent`]).
+const PERSISTENT: bool = true;
 
 /// The row of `rows` that runs a caller's `head_dim` under `mask`, with or without `dropout`:
 /// the one of that kind at the smallest head dim ≥ `head_dim` that `rows` compile at all
@@ -247,7 +252,7 @@ pub const fn max_fwd_head_dim() -> usize {
 macro_rules! registry {
     (
         fwd { $( $d:literal $mask:ident $drop:ident [$f16:ident, $bf16:ident] $tiles:expr; )* }
-        fwd_wgmma { $( $wd:literal $wmask:ident $wdrop:ident [$wf16:ident, $wbf16:ident] $wblock_m:literal $wblock_n:literal; )* }
+        fwd_wgmma { $( $wd:literal $wmask:ident $wdrop:ident [$wf16:ident, $wbf16:ident] $wblock_m:literal $wblock_n:literal $wsched:ident; )* }
         bwd { $( $bd:literal $bmask:ident $bdrop:ident [$bf16_:ident, $bbf16:ident] $btiles:expr; )* }
         bwd_wgmma { $( $gd:literal $gmask:ident $gdrop:ident [$gf16:ident, $gbf16:ident] $gblock_m:literal; )* }
         bwd_passes { prep [$prep16:ident, $prepb16:ident]; convert [$conv16:ident, $convb16:ident]; }
@@ -279,7 +284,7 @@ macro_rules! registry {
                 mask: MaskKind::$wmask,
                 dropout: $wdrop,
                 names: [stringify!($wf16), stringify!($wbf16)],
-                tiles: [wgmma_tile($wd, $wblock_m, $wblock_n); ARCH_COUNT],
+                tiles: [wgmma_tile($wd, $wblock_m, $wblock_n, $wsched); ARCH_COUNT],
             },
         )*];
 
@@ -342,8 +347,8 @@ macro_rules! registry {
                 fwd_info(stringify!($bf16), tiles_of($d, $tiles)),
             )*
             $(
-                wgmma_info(stringify!($wf16), wgmma_tile($wd, $wblock_m, $wblock_n)),
-                wgmma_info(stringify!($wbf16), wgmma_tile($wd, $wblock_m, $wblock_n)),
+                wgmma_info(stringify!($wf16), wgmma_tile($wd, $wblock_m, $wblock_n, $wsched)),
+                wgmma_info(stringify!($wbf16), wgmma_tile($wd, $wblock_m, $wblock_n, $wsched)),
             )*
             $(
                 bwd_info(stringify!($bf16_), bwd_tiles_of($bd, $btiles)),
@@ -390,8 +395,8 @@ macro_rules! registry {
                 fwd_entry!($bf16, Bf16, $mask, $drop, $d, $tiles);
             )*
             $(
-                fwd_wgmma_entry!($wf16, F16, $wmask, $wdrop, $wd, $wblock_m, $wblock_n);
-                fwd_wgmma_entry!($wbf16, Bf16, $wmask, $wdrop, $wd, $wblock_m, $wblock_n);
+                fwd_wgmma_entry!($wf16, F16, $wmask, $wdrop, $wd, $wblock_m, $wblock_n, $wsched);
+                fwd_wgmma_entry!($wbf16, Bf16, $wmask, $wdrop, $wd, $wblock_m, $wblock_n, $wsched);
             )*
             $(
                 bwd_entry!($bf16_, F16, $bmask, $bdrop, $bd, $btiles);
@@ -488,7 +493,7 @@ macro_rules! probe_entry {
 /// One forward entry point on `wgmma` (see `device::fwd::wgmma`); sm_90a only.
 #[cfg(target_arch = "nvptx64")]
 macro_rules! fwd_wgmma_entry {
-    ($name:ident, $elem:ident, $mask:ident, $drop:ident, $d:literal, $block_m:literal, $block_n:literal) => {
+    ($name:ident, $elem:ident, $mask:ident, $drop:ident, $d:literal, $block_m:literal, $block_n:literal, $sched:ident) => {
         /// Forward attention on Hopper's warpgroup products for one (dtype, head dim, mask,
         /// dropout); see `device::fwd::wgmma`.
         ///
@@ -505,8 +510,9 @@ macro_rules! fwd_wgmma_entry {
                 $block_n,
                 { $d / 8 },
                 { $block_n / 8 },
-                { wgmma_tile($d, $block_m, $block_n).kv_stages },
+                { wgmma_tile($d, $block_m, $block_n, $sched).kv_stages },
                 $drop,
+                $sched,
             >(&p)
         }
     };
@@ -749,10 +755,17 @@ const fn wgmma_info(name: &'static str, tile: FwdTile) -> KernelInfo {
 
 /// The tile of a `wgmma` forward kernel: `block_m` query rows (consumer warpgroups of 64), a
 /// producer warpgroup, `block_n` keys, a ring of 3 (K, V) stages, or 2 where 3 do not fit
-/// Hopper's shared memory (d = 256).
-pub const fn wgmma_tile(head_dim: usize, block_m: usize, block_n: usize) -> FwdTile {
+/// Hopper's shared memory (d = 256); persistent blocks if `persistent`.
+pub const fn wgmma_tile(
+    head_dim: usize,
+    block_m: usize,
+    block_n: usize,
+    persistent: bool,
+) -> FwdTile {
     let warps = block_m / MMA_M;
-    let tile = FwdTile::new(head_dim, (warps, 1, block_n, false)).with_producer_warps(4);
+    let tile = FwdTile::new(head_dim, (warps, 1, block_n, false))
+        .with_producer_warps(4)
+        .with_persistent(persistent);
     let three = tile.with_kv_stages(3);
     if three.smem_bytes() <= Arch::Sm90a.max_dyn_smem() {
         three
@@ -856,26 +869,28 @@ registry! {
     // the same plain calls (H100, docs/perf-notes.md, two consumer warpgroups). At d = 256 (64-key tiles) every mask kind without dropout
     // and the general mask with it (plain calls with dropout run there too); the plain,
     // block-sparse and tree kinds with dropout spilled 12–20 B and take `mma.sync`.
-    // Which calls take them is the host's dispatch (`wgmma_pays`).
+    // Which calls take them is the host's dispatch (`wgmma_pays`). `PERSISTENT`: about one
+    // block per SM taking query tiles from a counter (`FwdTile::persistent`), for the kernels
+    // of plain calls at d = 64 and 128 (`PER_TILE`: one block per query tile).
     fwd_wgmma {
-        64 Causal PLAIN [flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_bf16_d64] 192 128;
-        64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128 128;
-        64 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d64, flash_fwd_wgmma_sparse_bf16_d64] 128 128;
-        64 Tree PLAIN [flash_fwd_wgmma_tree_f16_d64, flash_fwd_wgmma_tree_bf16_d64] 128 128;
-        64 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d64, flash_fwd_wgmma_dropout_bf16_d64] 128 128;
-        64 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d64, flash_fwd_wgmma_masked_dropout_bf16_d64] 128 128;
-        64 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d64, flash_fwd_wgmma_sparse_dropout_bf16_d64] 128 128;
-        64 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d64, flash_fwd_wgmma_tree_dropout_bf16_d64] 128 128;
-        128 Masked PLAIN [flash_fwd_wgmma_masked_f16_d128, flash_fwd_wgmma_masked_bf16_d128] 128 128;
-        128 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d128, flash_fwd_wgmma_sparse_bf16_d128] 128 128;
-        128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128 128;
-        128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128 128;
-        128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128 128;
-        128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128 128;
-        256 Masked PLAIN [flash_fwd_wgmma_masked_f16_d256, flash_fwd_wgmma_masked_bf16_d256] 128 64;
-        256 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d256, flash_fwd_wgmma_sparse_bf16_d256] 128 64;
-        256 Tree PLAIN [flash_fwd_wgmma_tree_f16_d256, flash_fwd_wgmma_tree_bf16_d256] 128 64;
-        256 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d256, flash_fwd_wgmma_masked_dropout_bf16_d256] 128 64;
+        64 Causal PLAIN [flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_bf16_d64] 192 128 PERSISTENT;
+        64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128 128 PER_TILE;
+        64 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d64, flash_fwd_wgmma_sparse_bf16_d64] 128 128 PER_TILE;
+        64 Tree PLAIN [flash_fwd_wgmma_tree_f16_d64, flash_fwd_wgmma_tree_bf16_d64] 128 128 PER_TILE;
+        64 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d64, flash_fwd_wgmma_dropout_bf16_d64] 128 128 PER_TILE;
+        64 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d64, flash_fwd_wgmma_masked_dropout_bf16_d64] 128 128 PER_TILE;
+        64 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d64, flash_fwd_wgmma_sparse_dropout_bf16_d64] 128 128 PER_TILE;
+        64 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d64, flash_fwd_wgmma_tree_dropout_bf16_d64] 128 128 PER_TILE;
+        128 Masked PLAIN [flash_fwd_wgmma_masked_f16_d128, flash_fwd_wgmma_masked_bf16_d128] 128 128 PERSISTENT;
+        128 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d128, flash_fwd_wgmma_sparse_bf16_d128] 128 128 PER_TILE;
+        128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128 128 PER_TILE;
+        128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128 128 PER_TILE;
+        128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128 128 PER_TILE;
+        128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128 128 PER_TILE;
+        256 Masked PLAIN [flash_fwd_wgmma_masked_f16_d256, flash_fwd_wgmma_masked_bf16_d256] 128 64 PER_TILE;
+        256 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d256, flash_fwd_wgmma_sparse_bf16_d256] 128 64 PER_TILE;
+        256 Tree PLAIN [flash_fwd_wgmma_tree_f16_d256, flash_fwd_wgmma_tree_bf16_d256] 128 64 PER_TILE;
+        256 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d256, flash_fwd_wgmma_masked_dropout_bf16_d256] 128 64 PER_TILE;
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).

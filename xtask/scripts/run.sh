@@ -30,17 +30,20 @@ case "$what" in
     fi
     # On Hopper the forward has two paths (wgmma and mma.sync; the default picks by length):
     # every suite that runs the forward again with each forced, and the forward suite once
-    # more on wgmma without ping-pong.
+    # more on wgmma without ping-pong, and (with varlen) with one block per query tile on the
+    # persistent kernels.
     hopper=0
     nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0' && hopper=1
     if { [ "$what" = test ] || [ "$what" = test-paths ]; } && [ $hopper = 1 ]; then
-      for run in "wgmma 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
-                 "mma 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
-                 "wgmma 0 gpu_forward"; do
-        read -r path pingpong suites <<< "$run"
+      for run in "wgmma 1 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
+                 "mma 1 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
+                 "wgmma 0 1 gpu_forward" \
+                 "wgmma 1 0 gpu_forward gpu_varlen"; do
+        read -r path pingpong persistent suites <<< "$run"
         for suite in $suites; do
-          echo "=== $suite with FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong"
+          echo "=== $suite with FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong FLASH_ATTN_WGMMA_PERSISTENT=$persistent"
           FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong \
+            FLASH_ATTN_WGMMA_PERSISTENT=$persistent \
             "$here/tests/$suite-test" --test-threads=4 "$@" 2>&1 \
             | tee -a "$out/test.log" || status=1
         done

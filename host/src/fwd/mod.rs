@@ -273,12 +273,31 @@ impl ForwardCall {
             }
         }
         let tile = kernel.tile;
+        // Persistent blocks take their tiles from one zeroed counter per launch.
+        let counters = match (&maps, tile.persistent) {
+            (Some(_), true) => Some(DeviceTensor::<i32>::zeros(dev, &[launches.len()])?),
+            _ => None,
+        };
         for (i, (run, p)) in launches.into_iter().enumerate() {
-            let grid = (
+            let mut grid = (
                 run.len_q.div_ceil(tile.block_m) as u32,
                 shape.heads_q as u32,
                 run.count as u32,
             );
+            let tiles = grid.0 as usize * shape.heads_q * run.count;
+            let tiles = u32::try_from(tiles)
+                .map_err(|_| FlashError::TooLarge(format!("{tiles} query tiles in one launch")))?;
+            let tile_counter = match &counters {
+                Some(c) => {
+                    grid = (
+                        dev.persistent_blocks(tiles as usize, run.len_k) as u32,
+                        1,
+                        1,
+                    );
+                    c.device_address(dev) + 4 * i as u64
+                }
+                None => 0,
+            };
             let (name, threads, smem) = (kernel.name, tile.threads() as u32, tile.smem_bytes());
             // SAFETY: every pointer and stride in `p` was derived from live tensors whose
             // shapes were checked, the run's rows from validated lengths within them; the
@@ -291,7 +310,10 @@ impl ForwardCall {
                         let p = WgmmaFwdParams {
                             fwd: p,
                             tensor_maps,
+                            tile_counter,
                             schedule: dev.wgmma_schedule(),
+                            tiles_x: run.len_q.div_ceil(tile.block_m) as u32,
+                            tiles,
                             reserved: 0,
                         };
                         launch(dev, name, grid, threads, smem, p)?

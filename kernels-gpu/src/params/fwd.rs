@@ -36,6 +36,8 @@ const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 64
 const _: () = assert!(core::mem::offset_of!(FwdParams, lse) == 128);
 const _: () = assert!(core::mem::offset_of!(FwdParams, dims) == 152);
 const _: () = assert!(core::mem::offset_of!(FwdParams, mask) == 184);
+const _: () = assert!(core::mem::size_of::<WgmmaFwdParams>() == 280 + 32);
+const _: () = assert!(core::mem::offset_of!(WgmmaFwdParams, tile_counter) == 288);
 
 /// Bytes of one `CUtensorMap` (a TMA descriptor); they are 64-byte aligned.
 pub const TENSOR_MAP_BYTES: usize = 128;
@@ -53,9 +55,19 @@ pub struct WgmmaFwdParams {
     /// each of rank 4 over `(head_dim, seq, head, batch)` with 64-column boxes and the
     /// 128-byte swizzle: Q's box has 128 rows, K's and V's the kernel's `block_n`.
     pub tensor_maps: u64,
+    /// Persistent kernels ([`crate::config::FwdTile::persistent`]): device address of a u32,
+    /// zero at launch, from which the blocks take their query tiles after their first
+    /// (block `x` starts with tile `x`; then `nctaid.x + atomicAdd(counter, 1)`). Tile `t`
+    /// is the one the one-block-per-tile grid runs as block `(t mod tiles_x, t / tiles_x mod
+    /// heads_q, t / (tiles_x·heads_q))`. Unused by the other kernels.
+    pub tile_counter: u64,
     /// [`SCHEDULE_PINGPONG`] or 0 (the consumer warpgroups issue their products as they
     /// come).
     pub schedule: u32,
+    /// Persistent kernels: query tiles per (head, sequence), the one-block-per-tile grid's x.
+    pub tiles_x: u32,
+    /// Persistent kernels: query tiles in all, `tiles_x · heads_q · sequences`.
+    pub tiles: u32,
     /// Keeps the size a multiple of 8 without implicit padding.
     pub reserved: u32,
 }

@@ -206,7 +206,10 @@ impl<
 
 /// Finishes the softmax and writes O (normalised and multiplied by `o_scale`, dropout's
 /// `1/(1 − p)` or 1; 16-bit, 4 bytes per store) and LSE for the warp's rows starting at sequence row `first_row`; rows past the sequence are skipped. Rows
-/// the mask lets see no key get O = 0, LSE = −∞ (see [`OnlineSoftmax::finish`]).
+/// the mask lets see no key get O = 0, LSE = −∞ (see [`OnlineSoftmax::finish`]). `lane`: the
+/// thread's lane as the caller holds it (a persistent kernel passes an opaque copy, so the
+/// addresses derived from it are not hoisted out of its tile loop), or `None` to read it
+/// here (kept out of registers until here).
 ///
 /// # Safety
 /// The whole warp calls it; `p` describes live tensors.
@@ -219,8 +222,9 @@ pub unsafe fn store_output<E: Elem, M: AttnMask, const MT: usize, const D_TILES:
     o: &AccTile<MT, D_TILES>,
     softmax: &OnlineSoftmax<MT>,
     o_scale: f32,
+    lane: Option<u32>,
 ) {
-    let pos = FragPos::of(ThreadPos::current().lane);
+    let pos = FragPos::of(lane.unwrap_or_else(|| ThreadPos::current().lane));
     let rows = RowVec::<u32, MT>::from_fn(|mt, r| first_row + pos.row(mt, r));
     let fin = softmax.finish(rows.map(|row| mask.row_sees_keys(row)));
     fin.inv_l.for_each(|mt, r, inv| {

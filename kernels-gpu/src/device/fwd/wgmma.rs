@@ -34,6 +34,17 @@
 //!                                           O += P_last·V_last; O /= l; LSE
 //! ```
 //!
+//! Persistent kernels (`PERSISTENT`, the registry's rows marked so): the host launches about
+//! one block per SM; block `x` runs query tile `x`, then takes `nctaid.x + atomicAdd(counter,
+//! 1)` until past the last, in the one-tile-per-block grid's order (query tiles of a head in a
+//! row, longest first under a causal mask; heads and sequences after), so the tiles in flight
+//! stay as close together as the hardware's block order kept them. The producer's warp 0
+//! (lane 0 issuing) writes each tile's index into a shared slot before `q_full`, waits on
+//! `q_empty` (every consumer warp arrives after its key loop) before the next tile's Q, and
+//! runs the K/V ring on across tiles: the next tile's Q and first K/V load while the
+//! consumers write the current tile's O. Past the last tile it writes the index alone, and the
+//! consumers stop.
+//!
 //! In a ring of two stages (d = 256, whose tiles leave room for no more) K and V are freed
 //! separately, each as soon as its product completes, so every tile is still requested one
 //! loop step ahead: the K of tile i + 1 and the V of tile i, read in step i, were requested
@@ -72,6 +83,12 @@ use core::marker::PhantomData;
 pub const PRODUCER_WARPS: usize = 4;
 /// Register limit of the producer warpgroup after `setmaxnreg.dec`.
 pub const PRODUCER_REGS: u32 = 24;
+/// Register limit of a persistent block's producer warpgroup with three consumer warpgroups
+/// (its tile loop holds more than 24): launched at 128 per thread (`.maxnreg`), the producer
+/// frees `128·(128 − 32)`, exactly what the consumers' `setmaxnreg.inc` to 160 takes. With two
+/// (launched at 168) the producer must go down to 24: the consumers' raise to 240 waits for
+/// `128·(168 − 24)` free registers, and would wait forever for more than are freed.
+pub const PRODUCER_REGS_PERSISTENT_OF_THREE: u32 = 32;
 /// Register limit of two consumer warpgroups after `setmaxnreg.inc`: with the producer's,
 /// `128·(24 + 2·240) = 64 512` of the SM's 65 536.
 pub const CONSUMER_REGS_OF_TWO: u32 = 240;
@@ -107,6 +124,7 @@ pub unsafe fn flash_fwd_wgmma<
     const N_TILES: usize,
     const STAGES: usize,
     const DROPOUT: bool,
+    const PERSISTENT: bool,
 >(
     args: &WgmmaFwdParams,
 ) {
@@ -114,8 +132,8 @@ pub unsafe fn flash_fwd_wgmma<
         assert!(D % BLOCK_COLS == 0 && D_TILES * 8 == D && N_TILES * 8 == BN);
         assert!(BN == 64 || BN == 128);
         assert!(BM == 128 || BM == 192);
-        assert!(STAGES >= 2); // step i reads K of tile i + 1 and V of tile i
-        assert!(BARRIER_BYTES >= 8 * (1 + 4 * STAGES));
+        assert!(STAGES >= 2 && STAGES <= 3); // step i reads K of tile i + 1 and V of tile i
+        assert!(BARRIER_BYTES >= 8 * (1 + 4 * 3) + 16);
     };
     let p = &args.fwd;
     let layout = SmemLayout::<D, BM, BN, STAGES> {
@@ -127,6 +145,34 @@ pub unsafe fn flash_fwd_wgmma<
     let me = ThreadPos::current();
     let warp = ptx::shfl_sync_idx_u32(me.warp, 0); // warp-uniform for ptxas (see its docs)
     let longest_first = M::later_rows_see_more(&p.mask);
+    let pingpong = args.schedule == SCHEDULE_PINGPONG;
+    if PERSISTENT {
+        if me.tid == 0 {
+            layout.bars().init(BM as u32 / MMA_M as u32, true);
+        }
+        ptx::bar_sync(); // the barriers are initialised (the only block-wide barrier)
+        if warp < PRODUCER_WARPS as u32 {
+            if BM == 128 {
+                ptx::setmaxnreg_dec::<PRODUCER_REGS>();
+            } else {
+                ptx::setmaxnreg_dec::<PRODUCER_REGS_PERSISTENT_OF_THREE>();
+            }
+            if warp == 0 {
+                produce_tiles::<M, D, BM, BN, STAGES>(args, layout, longest_first, me.lane);
+            }
+            return;
+        }
+        grow_consumer_registers::<BM>();
+        let me = consumer_thread(me, warp);
+        consume_tiles::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
+            args,
+            layout,
+            me,
+            pingpong,
+            longest_first,
+        );
+        return;
+    }
     let block = BlockInfo::new(
         &p.dims,
         ptx::ctaid(),
@@ -136,32 +182,167 @@ pub unsafe fn flash_fwd_wgmma<
     );
     let mask = M::new(&p.mask, &block);
     if me.tid == 0 {
-        layout.bars().init(BM as u32 / MMA_M as u32);
+        layout.bars().init(BM as u32 / MMA_M as u32, false);
     }
     ptx::bar_sync(); // the barriers are initialised (the only block-wide barrier)
     let first = mask.first_key_tile(block.row0, BM as u32, BN as u32);
     if warp < PRODUCER_WARPS as u32 {
         ptx::setmaxnreg_dec::<PRODUCER_REGS>();
         if let (0, Some(first)) = (me.tid, first) {
-            produce(args.tensor_maps, &block, &mask, layout, first);
+            produce(args.tensor_maps, &block, &mask, layout, first, 0, true);
         }
         return;
     }
+    grow_consumer_registers::<BM>();
+    let me = consumer_thread(me, warp);
+    consume::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT, false>(
+        p, &block, &mask, layout, first, me, pingpong, 0, 0,
+    );
+}
+
+/// `setmaxnreg.inc` of the consumer warpgroups: [`CONSUMER_REGS_OF_TWO`] or
+/// [`CONSUMER_REGS_OF_THREE`].
+#[inline(always)]
+unsafe fn grow_consumer_registers<const BM: usize>() {
     if BM == 128 {
         ptx::setmaxnreg_inc::<CONSUMER_REGS_OF_TWO>();
     } else {
         ptx::setmaxnreg_inc::<CONSUMER_REGS_OF_THREE>();
     }
-    let producer_threads = (PRODUCER_WARPS * 32) as u32;
-    let me = ThreadPos {
-        tid: me.tid - producer_threads,
+}
+
+/// A consumer's thread, warp and lane, counted from the first consumer thread.
+#[inline(always)]
+fn consumer_thread(me: ThreadPos, warp: u32) -> ThreadPos {
+    ThreadPos {
+        tid: me.tid - (PRODUCER_WARPS * 32) as u32,
         warp: warp - PRODUCER_WARPS as u32,
         lane: me.lane,
-    };
-    let pingpong = args.schedule == SCHEDULE_PINGPONG;
-    consume::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
-        p, &block, &mask, layout, first, me, pingpong,
-    );
+    }
+}
+
+/// The block of query tile `tile` of a persistent launch: the one-block-per-tile grid's
+/// block `(tile mod tiles_x, ⌊tile / tiles_x⌋ mod heads_q, ⌊tile / (tiles_x·heads_q)⌋)`.
+#[inline(always)]
+fn tile_block<const BM: usize>(
+    p: &FwdParams,
+    tile: u32,
+    tiles_x: u32,
+    longest_first: bool,
+) -> BlockInfo {
+    let tiles_x = tiles_x.max(1); // no division-by-zero branch
+    let (x, rest) = (tile % tiles_x, tile / tiles_x);
+    let heads = p.dims.heads_q.max(1);
+    let at = (x, rest % heads, rest / heads);
+    BlockInfo::new(&p.dims, at, tiles_x, BM as u32, longest_first)
+}
+
+/// The producer of a persistent block (its first warp, lane 0 issuing: the loop's scalars stay
+/// warp-uniform, in uniform registers, which the producer's 24 per thread do not hold): its
+/// first query tile is the block's index, the next ones come from the launch's counter. For
+/// each, once the consumers have freed Q (`q_empty`): the tile's index into the slot, then Q
+/// and its key tiles (the ring running on across tiles), or a bare arrival on `q_full` for a
+/// tile that sees no key; past the last tile, the index alone (the consumers then stop).
+#[inline(always)]
+unsafe fn produce_tiles<
+    M: AttnMask,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const STAGES: usize,
+>(
+    args: &WgmmaFwdParams,
+    layout: SmemLayout<D, BM, BN, STAGES>,
+    longest_first: bool,
+    lane: u32,
+) {
+    let (p, bars, leader) = (&args.fwd, layout.bars(), lane == 0);
+    let (mut tile, mut t, mut ring) = (ptx::ctaid().0, 0u32, 0u32);
+    loop {
+        if t > 0 {
+            ptx::mbarrier_wait(bars.q_empty(), (t - 1) & 1);
+        }
+        if leader {
+            ptx::st_shared_u32(bars.tile_slot(), tile);
+        }
+        if tile >= args.tiles {
+            ptx::mbarrier_arrive_if(bars.q_full(), leader);
+            return;
+        }
+        let block = tile_block::<BM>(p, tile, args.tiles_x, longest_first);
+        let mask = M::new(&p.mask, &block);
+        match mask.first_key_tile(block.row0, BM as u32, BN as u32) {
+            Some(first) => {
+                ring = produce(args.tensor_maps, &block, &mask, layout, first, ring, leader)
+            }
+            None => ptx::mbarrier_arrive_if(bars.q_full(), leader),
+        }
+        let taken = if leader {
+            ptx::atom_global_add_u32(args.tile_counter as *mut u32, 1)
+        } else {
+            0
+        };
+        tile = ptx::nctaid_x() + ptx::shfl_sync_idx_u32(taken, 0);
+        t += 1;
+    }
+}
+
+/// The consumers of a persistent block: for each query tile the producer announces (its
+/// index in the slot once `q_full` completes), the key loop, `q_empty`, then O and LSE.
+#[inline(always)]
+unsafe fn consume_tiles<
+    E: Elem,
+    M: AttnMask,
+    const D: usize,
+    const BM: usize,
+    const BN: usize,
+    const D_TILES: usize,
+    const N_TILES: usize,
+    const STAGES: usize,
+    const DROPOUT: bool,
+>(
+    args: &WgmmaFwdParams,
+    layout: SmemLayout<D, BM, BN, STAGES>,
+    me: ThreadPos,
+    pingpong: bool,
+    longest_first: bool,
+) {
+    let (p, bars) = (&args.fwd, layout.bars());
+    let (mut t, mut ring) = (0u32, 0u32);
+    loop {
+        ptx::mbarrier_wait(bars.q_full(), t & 1);
+        let tile = ptx::ld_shared_u32(bars.tile_slot());
+        if tile >= args.tiles {
+            return;
+        }
+        // The sizes and mask arguments through opaque copies: hoisted out of the tile loop,
+        // what depends only on them would stay live in registers through every key loop.
+        let p = &FwdParams {
+            dims: ptx::opaque_copy(&p.dims),
+            mask: ptx::opaque_copy(&p.mask),
+            ..*p
+        };
+        let tiles_x = ptx::opaque_u32(args.tiles_x);
+        let block = tile_block::<BM>(p, tile, tiles_x, longest_first);
+        let mask = M::new(&p.mask, &block);
+        let first = mask.first_key_tile(block.row0, BM as u32, BN as u32);
+        let me = ThreadPos {
+            lane: ptx::opaque_u32(me.lane),
+            ..me
+        };
+        ring += consume::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT, true>(
+            p,
+            &block,
+            &mask,
+            layout,
+            first,
+            me,
+            pingpong,
+            t & 1,
+            ring,
+        );
+        t += 1;
+    }
 }
 
 /// Where the tiles and barriers live in dynamic shared memory (see the module docs).
@@ -246,10 +427,28 @@ impl<const STAGES: usize> Barriers<STAGES> {
         }
     }
 
-    /// Initialises every barrier (one thread) for `warps` consumer warps.
+    /// Persistent blocks: completes when every consumer warp has finished reading Q (and the
+    /// tile slot), after a query tile's key loop. After the barriers of a ring of 3.
     #[inline(always)]
-    unsafe fn init(self, warps: u32) {
+    fn q_empty(self) -> u32 {
+        self.base + 8 * (1 + 4 * 3)
+    }
+
+    /// Persistent blocks: the index of the block's current query tile (u32), written by the
+    /// producer before it arrives on `q_full`.
+    #[inline(always)]
+    fn tile_slot(self) -> u32 {
+        self.q_empty() + 8
+    }
+
+    /// Initialises every barrier (one thread) for `warps` consumer warps (and `q_empty` in
+    /// a persistent block).
+    #[inline(always)]
+    unsafe fn init(self, warps: u32, persistent: bool) {
         ptx::mbarrier_init(self.q_full(), 1);
+        if persistent {
+            ptx::mbarrier_init(self.q_empty(), warps);
+        }
         for s in 0..STAGES as u32 {
             ptx::mbarrier_init(self.k_full(s), 1);
             ptx::mbarrier_init(self.v_full(s), 1);
@@ -323,7 +522,9 @@ fn ring<const STAGES: usize>(j: u32) -> (u32, u32) {
     (j % STAGES as u32, (j / STAGES as u32) & 1)
 }
 
-/// The producer (one thread): Q, then each key tile the mask visits into the next free stage.
+/// The producer: Q, then each key tile the mask visits into the next free stage, the first
+/// being the ring's `ring0`-th tile; returns the ring's count after the last. Run by one
+/// thread, or by a warp whose `leader` lane alone arrives and issues the copies.
 #[inline(always)]
 unsafe fn produce<
     M: AttnMask,
@@ -337,42 +538,56 @@ unsafe fn produce<
     mask: &M,
     layout: SmemLayout<D, BM, BN, STAGES>,
     first: u32,
-) {
+    ring0: u32,
+    leader: bool,
+) -> u32 {
     let (map_q, map_k, map_v) = (
         maps,
         maps + TENSOR_MAP_BYTES as u64,
         maps + 2 * TENSOR_MAP_BYTES as u64,
     );
-    for map in [map_q, map_k, map_v] {
-        ptx::prefetch_tensormap(map);
-    }
     let bars = layout.bars();
-    ptx::mbarrier_arrive_expect_tx(bars.q_full(), GmmaTile::<BM, D>::BYTES);
-    layout
-        .q()
-        .load_tma(map_q, block.row0, block.head, block.batch, bars.q_full());
-    let (mut n, mut j) = (first, 0u32);
+    if leader {
+        for map in [map_q, map_k, map_v] {
+            ptx::prefetch_tensormap(map);
+        }
+        ptx::mbarrier_arrive_expect_tx(bars.q_full(), GmmaTile::<BM, D>::BYTES);
+        layout
+            .q()
+            .load_tma(map_q, block.row0, block.head, block.batch, bars.q_full());
+    }
+    let (mut n, mut j) = (first, ring0);
     loop {
         let (s, phase) = ring::<STAGES>(j);
         let (k, v) = layout.stage(s);
         let (key0, bytes) = (n * BN as u32, GmmaTile::<BN, D>::BYTES);
         ptx::mbarrier_wait(bars.k_empty(s), phase ^ 1); // fresh barriers: every stage free
-        ptx::mbarrier_arrive_expect_tx(bars.k_full(s), bytes);
-        k.load_tma(map_k, key0, block.kv_head, block.batch, bars.k_full(s));
+        if leader {
+            ptx::mbarrier_arrive_expect_tx(bars.k_full(s), bytes);
+            k.load_tma(map_k, key0, block.kv_head, block.batch, bars.k_full(s));
+        }
         ptx::mbarrier_wait(bars.v_empty(s), phase ^ 1);
-        ptx::mbarrier_arrive_expect_tx(bars.v_full(s), bytes);
-        v.load_tma(map_v, key0, block.kv_head, block.batch, bars.v_full(s));
+        if leader {
+            ptx::mbarrier_arrive_expect_tx(bars.v_full(s), bytes);
+            v.load_tma(map_v, key0, block.kv_head, block.batch, bars.v_full(s));
+        }
         j += 1;
         match mask.next_key_tile(block.row0, BM as u32, BN as u32, n) {
-            Some(next) => n = next,
+            // Opaque: with the ring's count returned, LLVM unrolled this loop by two where the
+            // mask's walk has a computable length (the tree mask's), and the 24-register
+            // producer spilled.
+            Some(next) => n = ptx::opaque_u32(next),
             None => break,
         }
     }
+    j
 }
 
 /// A consumer warpgroup's part: the key loop over its 64 rows ([`consume_overlapped`] with
-/// two consumer warpgroups, [`consume_in_turn`] with three), then O and LSE. `me` counts
-/// threads and warps from the first consumer.
+/// two consumer warpgroups, [`consume_in_turn`] with three), then O and LSE; returns the key
+/// tiles it read. `me` counts threads and warps from the first consumer; Q is the `q_full`
+/// phase of parity `q_phase`, the first key tile the ring's `ring0`-th. In a persistent block
+/// each warp then frees Q (`q_empty`) before its O and LSE are stored.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn consume<
@@ -385,6 +600,7 @@ unsafe fn consume<
     const N_TILES: usize,
     const STAGES: usize,
     const DROPOUT: bool,
+    const PERSISTENT: bool,
 >(
     p: &FwdParams,
     block: &BlockInfo,
@@ -393,13 +609,16 @@ unsafe fn consume<
     first: Option<u32>,
     me: ThreadPos,
     pingpong: bool,
-) {
+    q_phase: u32,
+    ring0: u32,
+) -> u32 {
     let warp_m0 = me.warp as usize * MMA_M; // first row of this warp
     let wg = me.warp / 4;
     let wg_m0 = wg as usize * WG_ROWS; // first row of this warpgroup
     let mut o = AccTile::<1, D_TILES>::zero();
     let mut softmax = OnlineSoftmax::<1>::new();
     let row0 = block.row0;
+    let mut tiles = 0;
     if let Some(first) = first {
         let pos = FragPos::of(me.lane);
         let rows = RowVec::<u32, 1>::from_fn(|_, r| row0 + pos.row(0, r) + warp_m0 as u32);
@@ -412,9 +631,10 @@ unsafe fn consume<
             row0,
             rng: rng_for(&p.dropout, block.batch, block.head, p.dims.heads_q),
             scale: p.scale_log2.abs(),
+            ring0,
             elem: PhantomData,
         };
-        ptx::mbarrier_wait(layout.bars().q_full(), 0);
+        ptx::mbarrier_wait(layout.bars().q_full(), q_phase);
         if p.scale_log2 < 0.0 {
             // softmax(s·c), c < 0, is softmax((−Q)·Kᵀ·|c|): each warpgroup negates its rows.
             let t = me.tid % WG_THREADS;
@@ -429,14 +649,14 @@ unsafe fn consume<
             wg,
             count: (BM / WG_ROWS) as u32,
         };
-        if BM == 2 * WG_ROWS {
+        tiles = if BM == 2 * WG_ROWS {
             consume_overlapped::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
                 &pipe,
                 first,
                 turns,
                 &mut o,
                 &mut softmax,
-            );
+            )
         } else {
             consume_in_turn::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
                 &pipe,
@@ -444,12 +664,23 @@ unsafe fn consume<
                 turns,
                 &mut o,
                 &mut softmax,
-            );
+            )
+        };
+        if PERSISTENT {
+            // The loops leave the last tile's stage held (a one-tile block ends there); the
+            // ring runs on into the next query tile.
+            pipe.release_v(tiles - 1);
         }
+    }
+    if PERSISTENT {
+        // Every product that read Q has completed (the loops end waiting for all).
+        ptx::mbarrier_arrive_if(layout.bars().q_empty(), me.lane == 0);
     }
     let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
     let first_row = row0 + warp_m0 as u32;
-    store_output::<E, M, 1, D_TILES>(p, block, mask, first_row, &o, &softmax, o_scale);
+    let lane = PERSISTENT.then_some(me.lane);
+    store_output::<E, M, 1, D_TILES>(p, block, mask, first_row, &o, &softmax, o_scale, lane);
+    tiles
 }
 
 /// The key loop of two consumer warpgroups (see the module docs' drawing): the softmax of
@@ -472,7 +703,7 @@ unsafe fn consume_overlapped<
     turns: Turns,
     o: &mut AccTile<1, D_TILES>,
     softmax: &mut OnlineSoftmax<1>,
-) {
+) -> u32 {
     let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
     let (mask, row0, bm, bn) = (pipe.mask, pipe.row0, BM as u32, BN as u32);
     let mut s = AccTile::<1, N_TILES>::zero();
@@ -525,6 +756,7 @@ unsafe fn consume_overlapped<
     pipe.issue_pv(o, &p_cur, i);
     ptx::wgmma_wait_group::<0>();
     ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+    i + 1
 }
 
 /// The key loop of three consumer warpgroups: a warpgroup's products and its softmax run in
@@ -550,7 +782,7 @@ unsafe fn consume_in_turn<
     turns: Turns,
     o: &mut AccTile<1, D_TILES>,
     softmax: &mut OnlineSoftmax<1>,
-) {
+) -> u32 {
     let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
     let (mask, row0, bm, bn) = (pipe.mask, pipe.row0, BM as u32, BN as u32);
     let mut s = AccTile::<1, N_TILES>::zero();
@@ -584,6 +816,7 @@ unsafe fn consume_in_turn<
     }
     ptx::wgmma_wait_group::<0>();
     ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+    i + 1
 }
 
 /// What a consumer thread needs to run the key loop: the shared-memory layout, its rows, the
@@ -609,6 +842,8 @@ struct Pipeline<
     rng: DropoutRng,
     /// `|softmax_scale|·log2(e)`.
     scale: f32,
+    /// The ring's count at the query tile's first key tile (0 but in persistent blocks).
+    ring0: u32,
     elem: PhantomData<E>,
 }
 
@@ -625,14 +860,14 @@ impl<
     /// Waits until the K tile of loop tile `i` has landed.
     #[inline(always)]
     unsafe fn wait_k(&self, i: u32) {
-        let (s, phase) = ring::<STAGES>(i);
+        let (s, phase) = ring::<STAGES>(self.ring0 + i);
         ptx::mbarrier_wait(self.layout.bars().k_full(s), phase);
     }
 
     /// Waits until the V tile of loop tile `i` has landed.
     #[inline(always)]
     unsafe fn wait_v(&self, i: u32) {
-        let (s, phase) = ring::<STAGES>(i);
+        let (s, phase) = ring::<STAGES>(self.ring0 + i);
         ptx::mbarrier_wait(self.layout.bars().v_full(s), phase);
     }
 
@@ -642,14 +877,14 @@ impl<
     /// would make ptxas serialize them).
     #[inline(always)]
     unsafe fn release_k(&self, i: u32) {
-        let bar = self.layout.bars().k_empty(ring::<STAGES>(i).0);
+        let bar = self.layout.bars().k_empty(ring::<STAGES>(self.ring0 + i).0);
         ptx::mbarrier_arrive_if(bar, self.lane == 0);
     }
 
     /// As [`Self::release_k`], for the V tile of loop tile `i` (and its K, in a ring of three).
     #[inline(always)]
     unsafe fn release_v(&self, i: u32) {
-        let bar = self.layout.bars().v_empty(ring::<STAGES>(i).0);
+        let bar = self.layout.bars().v_empty(ring::<STAGES>(self.ring0 + i).0);
         ptx::mbarrier_arrive_if(bar, self.lane == 0);
     }
 
@@ -665,7 +900,7 @@ impl<
         } else {
             self.layout.q()
         };
-        let k = self.layout.stage(ring::<STAGES>(i).0).0;
+        let k = self.layout.stage(ring::<STAGES>(self.ring0 + i).0).0;
         for ks in 0..D / 16 {
             let (a, b) = (q.k_major(self.wg_m0, ks), k.k_major(0, ks));
             if BN == 128 {
@@ -688,7 +923,7 @@ impl<
         p: &PackedTile<1, NT>,
         i: u32,
     ) {
-        let v = self.layout.stage(ring::<STAGES>(i).0).1;
+        let v = self.layout.stage(ring::<STAGES>(self.ring0 + i).0).1;
         for kk in 0..BN / 16 {
             let a = p.a_fragment::<E>(0, kk);
             if D == 2 * BLOCK_COLS {

@@ -55,3 +55,15 @@ pub unsafe fn ld_acquire_gpu_u32(addr: *const u32) -> u32 {
 pub unsafe fn st_release_gpu_u32(addr: *mut u32, v: u32) {
     asm!("st.release.gpu.global.u32 [{addr}], {v};", addr = in(reg64) addr, v = in(reg32) v, options(nostack));
 }
+
+/// `*addr += v` on a global u32, atomically (relaxed, GPU scope), returning the value before
+/// (`atom.global.add.u32`).
+///
+/// # Safety
+/// `addr` is a 4-byte aligned global address of live memory.
+#[inline(always)]
+pub unsafe fn atom_global_add_u32(addr: *mut u32, v: u32) -> u32 {
+    let old: u32;
+    asm!("atom.global.add.u32 {old}, [{addr}], {v};", old = out(reg32) old, addr = in(reg64) addr, v = in(reg32) v, options(nostack));
+    old
+}

@@ -105,6 +105,24 @@ pub unsafe fn opaque_u32(x: u32) -> u32 {
     y
 }
 
+/// A copy of `x` (a plain-data value of whole 32-bit words, such as a kernel parameter
+/// struct) made word by word through [`opaque_u32`]: what is computed from the copy cannot be
+/// hoisted to where `x` was first read (a persistent kernel's tile loop recomputes it per tile
+/// instead of holding it in registers through every key loop).
+///
+/// # Safety
+/// `T` is plain data (any bit pattern of its size is one `x` had), its size a multiple of 4.
+#[inline(always)]
+pub unsafe fn opaque_copy<T: Copy>(x: &T) -> T {
+    const { assert!(core::mem::size_of::<T>() % 4 == 0) };
+    let mut out = core::mem::MaybeUninit::<T>::uninit();
+    let (src, dst) = (x as *const T as *const u32, out.as_mut_ptr() as *mut u32);
+    for i in 0..core::mem::size_of::<T>() / 4 {
+        *dst.add(i) = opaque_u32(*src.add(i));
+    }
+    out.assume_init()
+}
+
 /// `vote.sync.any.pred`: whether `pred` holds in any lane of the warp (warp-uniform result).
 ///
 /// # Safety
