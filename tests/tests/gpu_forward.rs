@@ -53,17 +53,22 @@ fn shape_strategy() -> impl Strategy<Value = AttnShape> {
 
 /// Random shapes whose head dim is one of `dims` and lengths are from `lens`.
 fn shapes_with(dims: Vec<usize>, lens: Vec<usize>) -> impl Strategy<Value = AttnShape> {
-    let lens = prop::sample::select(lens);
-    let heads = prop::sample::select(vec![
-        (1usize, 1usize),
-        (2, 1),
-        (4, 2),
-        (3, 3),
-        (6, 2),
-        (8, 1),
-    ]);
-    let dims = prop::sample::select(dims);
-    (1usize..=2, lens.clone(), lens, heads, dims).prop_map(
+    let heads = vec![(1, 1), (2, 1), (4, 2), (3, 3), (6, 2), (8, 1)];
+    shapes_from(1..=2, heads, dims, lens.clone(), lens)
+}
+
+/// Random shapes: a batch from `batches`, `(Hq, Hkv)` from `heads`, a head dim from `dims`,
+/// query and key lengths from `lens_q` and `lens_k`.
+fn shapes_from(
+    batches: std::ops::RangeInclusive<usize>,
+    heads: Vec<(usize, usize)>,
+    dims: Vec<usize>,
+    lens_q: Vec<usize>,
+    lens_k: Vec<usize>,
+) -> impl Strategy<Value = AttnShape> {
+    let (heads, dims) = (prop::sample::select(heads), prop::sample::select(dims));
+    let (lens_q, lens_k) = (prop::sample::select(lens_q), prop::sample::select(lens_k));
+    (batches, lens_q, lens_k, heads, dims).prop_map(
         |(batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim)| AttnShape {
             batch,
             seqlen_q,
@@ -124,21 +129,13 @@ fn three_warpgroup_case_strategy() -> impl Strategy<Value = ForwardCase> {
 /// queries longer than keys (causal tiles that see no key) and GQA. Few keys keep the float64
 /// reference affordable.
 fn persistent_case_strategy() -> impl Strategy<Value = ForwardCase> {
-    let heads = prop::sample::select(vec![(16usize, 16usize), (16, 4), (24, 1), (12, 3)]);
-    let dims = prop::sample::select(vec![48usize, 64, 100, 128]);
-    let lens_q = prop::sample::select(vec![129usize, 385, 577]);
-    let lens_k = prop::sample::select(vec![1usize, 65, 200]);
-    let shapes = (1usize..=3, lens_q, lens_k, heads, dims).prop_map(
-        |(batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim)| AttnShape {
-            batch,
-            seqlen_q,
-            seqlen_k,
-            heads_q,
-            heads_kv,
-            head_dim,
-        },
-    );
-    cases_with(shapes)
+    cases_with(shapes_from(
+        1..=3,
+        vec![(16, 16), (16, 4), (24, 1), (12, 3)],
+        vec![48, 64, 100, 128],
+        vec![129, 385, 577],
+        vec![1, 65, 200],
+    ))
 }
 
 /// Random cases of the given shapes.
