@@ -43,6 +43,10 @@ pub struct FwdTile {
     /// taking query tiles one after another from a counter, the next tile's loads overlapping
     /// the current one's end; else one block per query tile.
     pub persistent: bool,
+    /// O leaves through shared memory (Hopper's warp-specialised kernels where it fits beside
+    /// a ring of three): each consumer warp stages its 16 rows with `stmatrix` and stores
+    /// them 16 bytes per lane; else 4 bytes per store from registers.
+    pub staged_output: bool,
 }
 
 /// Bytes of `mbarrier`s after the tiles of a kernel with producer warps: Q's, then K's and
@@ -64,6 +68,15 @@ impl FwdTile {
             kv_stages: 2,
             producer_warps: 0,
             persistent: false,
+            staged_output: false,
+        }
+    }
+
+    /// This tile with O staged through shared memory (see [`FwdTile::staged_output`]).
+    pub const fn with_staged_output(self) -> Self {
+        Self {
+            staged_output: true,
+            ..self
         }
     }
 
@@ -99,15 +112,18 @@ impl FwdTile {
         (self.warps + self.producer_warps) * WARP_SIZE
     }
 
-    /// Dynamic shared memory in bytes: the Q tile and `kv_stages` (K, V) tile pairs, then
-    /// the barriers of a kernel with producer warps.
+    /// Dynamic shared memory in bytes: the Q tile and `kv_stages` (K, V) tile pairs, with
+    /// [`FwdTile::staged_output`] the O stage (`[block_m][pitch]`), then the barriers of a
+    /// kernel with producer warps.
     pub const fn smem_bytes(&self) -> usize {
         let barriers = if self.producer_warps > 0 {
             TMA_BARRIER_BYTES
         } else {
             0
         };
-        2 * self.smem_pitch() * (self.block_m + 2 * self.kv_stages * self.block_n) + barriers
+        let output = if self.staged_output { self.block_m } else { 0 };
+        2 * self.smem_pitch() * (self.block_m + 2 * self.kv_stages * self.block_n + output)
+            + barriers
     }
 }
 

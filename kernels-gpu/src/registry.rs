@@ -755,7 +755,9 @@ const fn wgmma_info(name: &'static str, tile: FwdTile) -> KernelInfo {
 
 /// The tile of a `wgmma` forward kernel: `block_m` query rows (consumer warpgroups of 64), a
 /// producer warpgroup, `block_n` keys, a ring of 3 (K, V) stages, or 2 where 3 do not fit
-/// Hopper's shared memory (d = 256); persistent blocks if `persistent`.
+/// Hopper's shared memory (d = 256); O staged through shared memory where that fits beside
+/// a ring of 3 (d = 64; at d = 128 it would cost the third stage); persistent blocks if
+/// `persistent`.
 pub const fn wgmma_tile(
     head_dim: usize,
     block_m: usize,
@@ -767,7 +769,10 @@ pub const fn wgmma_tile(
         .with_producer_warps(4)
         .with_persistent(persistent);
     let three = tile.with_kv_stages(3);
-    if three.smem_bytes() <= Arch::Sm90a.max_dyn_smem() {
+    let staged = three.with_staged_output();
+    if staged.smem_bytes() <= Arch::Sm90a.max_dyn_smem() {
+        staged
+    } else if three.smem_bytes() <= Arch::Sm90a.max_dyn_smem() {
         three
     } else {
         tile.with_kv_stages(2)

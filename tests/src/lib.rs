@@ -2,8 +2,10 @@
 //! every backend (CPU now, GPU later) is held to.
 //!
 //! The accuracy rule ([`check_accuracy`]): against the float64 reference, a backend may err at
-//! most twice as much as the naive implementation in the same element type, plus `1e-5`:
-//! `max|ours − ref| ≤ 2·max|naive − ref| + 1e-5`, for O and for LSE separately. NaN always
+//! most twice as much as the naive implementation in the same element type, plus
+//! FlashAttention's own absolute term `atol` (twice the error of arithmetic on the reference
+//! rounded to the element type, about an ulp of the output) and `1e-5`:
+//! `max|ours − ref| ≤ 2·max|naive − ref| + atol + 1e-5`, for O and for LSE separately. NaN always
 //! fails, and an infinite LSE (a row that sees no key) must be matched exactly. The backward
 //! pass is held to the same rule for dQ, dK and dV ([`check_gradient_accuracy`]).
 
@@ -138,7 +140,8 @@ pub fn check_accuracy<T: Element, U: Element>(
 }
 
 /// The accuracy rule for one backward call's gradients `(dQ, dK, dV)`, each separately:
-/// `max|ours − ref| ≤ 2·max|naive − ref| + max|given − ref| + 1e-5`, where `naive` is the
+/// `max|ours − ref| ≤ 2·max|naive − ref| + max|given − ref| + atol + 1e-5` (`atol` as in the
+/// forward's rule), where `naive` is the
 /// naive backward in the same element type and `given` the float64 backward computed from the
 /// forward outputs (O in the element type, LSE in f32) that ours consumed
 /// (`flash_attn::cpu::attention_backward_reference_given`). The middle term is the error that
@@ -186,6 +189,26 @@ fn check_tensor<T: Element, U: Element, D: Dimension>(
     check_tensor_within(what, ours, naive, reference, 2.0, 0.0)
 }
 
+/// FlashAttention's own tests' absolute term (`fwd_atol`, and the same for each gradient):
+/// twice the largest error that any arithmetic on the reference rounded to the element type
+/// makes, measured as `|((r + 0.3) − 0.3) − r|` with `r` and each result rounded to `T`.
+/// It is about an ulp of the output's magnitude: without it an output above 1 whose exact
+/// value lies near the midpoint of two f16 or bf16 values fails when ours rounds one way and
+/// the naive implementation the other, however small the difference before rounding.
+fn arithmetic_error<T: Element, D: Dimension>(reference: ArrayView<f64, D>) -> f64 {
+    let round = |x: f32| T::from_f32(x).to_f32();
+    let err = reference.iter().fold(0f32, |worst, &x| {
+        let r = round(x as f32);
+        let err = (round(round(r + 0.3) - 0.3) - r).abs();
+        if err.is_finite() {
+            worst.max(err)
+        } else {
+            worst
+        }
+    });
+    2.0 * f64::from(err)
+}
+
 /// The factor of the naive error the GPU backward's gradients are allowed: 3, the upper end
 /// of FlashAttention's own tests. The tensor-core backward rounds P and dS to the element
 /// type before its matrix products, as the naive backward does, so its errors are of the
@@ -216,12 +239,14 @@ fn check_tensor_within<T: Element, U: Element, D: Dimension>(
             "{what}: the naive yardstick itself is off by {naive_err}"
         ));
     }
-    let tolerance = factor * naive_err + extra + 1e-5;
+    let atol = arithmetic_error::<T, D>(reference.view());
+    let tolerance = factor * naive_err + extra + atol + 1e-5;
     match worst_diff(to_f64(ours).view(), reference.view()) {
         Some(w) if w.diff.is_nan() || w.diff > tolerance => Err(format!(
             "{what}: error {:e} at {:?} (ours {}, reference {}) exceeds {factor}·{naive_err:e} + \
-             {extra:e} + 1e-5 ({factor} times the naive implementation's error, plus that of \
-             the rounded forward outputs)",
+             {extra:e} + {atol:e} + 1e-5 ({factor} times the naive implementation's error, plus \
+             that of the rounded forward outputs, plus twice that of arithmetic on the rounded \
+             reference)",
             w.diff, w.at, w.a, w.b
         )),
         _ => Ok(()),

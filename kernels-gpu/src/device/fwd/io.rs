@@ -8,6 +8,7 @@ use super::super::ptx;
 use super::super::softmax::OnlineSoftmax;
 use super::super::tile::{LaneOffsets, SmemTile};
 use crate::block::BlockInfo;
+use crate::config::MMA_M;
 use crate::mask::AttnMask;
 use crate::params::FwdParams;
 
@@ -205,15 +206,17 @@ impl<
 }
 
 /// Finishes the softmax and writes O (normalised and multiplied by `o_scale`, dropout's
-/// `1/(1 − p)` or 1; 16-bit, 4 bytes per store) and LSE for the warp's rows starting at sequence row `first_row`; rows past the sequence are skipped. Rows
-/// the mask lets see no key get O = 0, LSE = −∞ (see [`OnlineSoftmax::finish`]). `lane`: the
-/// thread's lane as the caller holds it (a persistent kernel passes an opaque copy, so the
-/// addresses derived from it are not hoisted out of its tile loop), or `None` to read it
-/// here (kept out of registers until here).
+/// `1/(1 − p)` or 1; 16-bit, 4 bytes per store) and LSE for the warp's rows starting at
+/// sequence row `first_row`; rows past the sequence are skipped. Rows the mask lets see no
+/// key get O = 0, LSE = −∞ (see [`OnlineSoftmax::finish`]). `lane`: the thread's lane as the
+/// caller holds it (a persistent kernel passes an opaque copy, so the addresses derived from
+/// it are not hoisted out of its tile loop), or `None` to read it here (kept out of
+/// registers until here).
 ///
 /// # Safety
 /// The whole warp calls it; `p` describes live tensors.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn store_output<E: Elem, M: AttnMask, const MT: usize, const D_TILES: usize>(
     p: &FwdParams,
     block: &BlockInfo,
@@ -225,10 +228,8 @@ pub unsafe fn store_output<E: Elem, M: AttnMask, const MT: usize, const D_TILES:
     lane: Option<u32>,
 ) {
     let pos = FragPos::of(lane.unwrap_or_else(|| ThreadPos::current().lane));
-    let rows = RowVec::<u32, MT>::from_fn(|mt, r| first_row + pos.row(mt, r));
-    let fin = softmax.finish(rows.map(|row| mask.row_sees_keys(row)));
-    fin.inv_l.for_each(|mt, r, inv| {
-        let inv = inv * o_scale;
+    let (rows, inv_l) = store_lse(p, block, mask, first_row, softmax, o_scale, pos);
+    inv_l.for_each(|mt, r, inv| {
         let row = rows.0[mt][r];
         if row >= block.seqlen_q {
             return;
@@ -241,9 +242,102 @@ pub unsafe fn store_output<E: Elem, M: AttnMask, const MT: usize, const D_TILES:
                 *(dst.add(col as usize) as *mut u32) = E::pack(x0 * inv, x1 * inv);
             }
         }
-        if pos.leads_quad() {
+    });
+}
+
+/// Finishes the softmax of the thread's rows (`first_row + ` their fragment rows), writes
+/// their LSE (the quad's first lane, rows inside the sequence) and returns the rows and
+/// the factors O's rows are multiplied by (`o_scale / l`, 0 for rows that see no key).
+#[inline(always)]
+unsafe fn store_lse<M: AttnMask, const MT: usize>(
+    p: &FwdParams,
+    block: &BlockInfo,
+    mask: &M,
+    first_row: u32,
+    softmax: &OnlineSoftmax<MT>,
+    o_scale: f32,
+    pos: FragPos,
+) -> (RowVec<u32, MT>, RowVec<f32, MT>) {
+    let rows = RowVec::<u32, MT>::from_fn(|mt, r| first_row + pos.row(mt, r));
+    let fin = softmax.finish(rows.map(|row| mask.row_sees_keys(row)));
+    fin.lse.for_each(|mt, r, lse| {
+        let row = rows.0[mt][r];
+        if row < block.seqlen_q && pos.leads_quad() {
             let at = block.row_stat_offset(&p.lse, row);
-            *(p.lse.ptr as *mut f32).add(at as usize) = fin.lse.0[mt][r];
+            *(p.lse.ptr as *mut f32).add(at as usize) = lse;
         }
     });
+    (rows, fin.inv_l.map(|inv| inv * o_scale))
+}
+
+/// Bytes of one warp's O stage for [`store_output_staged`] at `d` columns: 16 rows.
+pub const fn output_stage_bytes(d: usize) -> usize {
+    MMA_M * d * 2
+}
+
+/// [`store_output`] for one m-tile through the warp's O stage, `[16][8·D_TILES]` 16-bit
+/// values at shared address `stage` ([`output_stage_bytes`], 16-byte aligned), each row's
+/// 16-byte chunks XOR-swizzled by the row's low three bits (the eight rows of an
+/// `stmatrix` matrix fall on distinct banks): the warp's fragments go in by `stmatrix`, four
+/// 8 × 8 matrices per instruction, and out by 16-byte loads and global stores, a row's
+/// chunks from consecutive lanes. The same bytes as [`store_output`]: a chunk the head dim
+/// cuts is stored 4 bytes at a time up to it (O's row starts are 16-byte aligned: see
+/// [`crate::params::TensorRef`]). Sync points: `bar.warp.sync` before the stage is written
+/// (the warp's previous reads of it are done) and before it is read.
+///
+/// # Safety
+/// The whole warp calls it; `p` describes live tensors; no other warp uses the stage.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn store_output_staged<E: Elem, M: AttnMask, const D_TILES: usize>(
+    p: &FwdParams,
+    block: &BlockInfo,
+    mask: &M,
+    first_row: u32,
+    o: &AccTile<1, D_TILES>,
+    softmax: &OnlineSoftmax<1>,
+    o_scale: f32,
+    lane: u32,
+    stage: u32,
+) {
+    const { assert!(D_TILES % 2 == 0) };
+    let pos = FragPos::of(lane);
+    let (_, inv_l) = store_lse(p, block, mask, first_row, softmax, o_scale, pos);
+    let inv = inv_l.0[0];
+    let row_bytes = D_TILES as u32 * 16;
+    let chunk_at = |row: u32, chunk: u32| stage + row * row_bytes + ((chunk ^ (row & 7)) * 16);
+    ptx::bar_warp_sync();
+    // Lane l addresses row l % 8 of matrix l / 8: (row half, n-tile) = (m % 2, dt + m / 2).
+    let (m, row_in) = (lane / 8, lane % 8);
+    let row = 8 * (m % 2) + row_in;
+    for dt in (0..D_TILES).step_by(2) {
+        let frag = |r: usize, nt: usize| {
+            let [x0, x1] = o.pair(0, r, nt);
+            E::pack(x0 * inv[r], x1 * inv[r])
+        };
+        let regs = [frag(0, dt), frag(1, dt), frag(0, dt + 1), frag(1, dt + 1)];
+        ptx::stmatrix_x4(chunk_at(row, dt as u32 + m / 2), regs);
+    }
+    ptx::bar_warp_sync();
+    let head_dim = p.dims.head_dim;
+    for k in 0..MMA_M * D_TILES / 32 {
+        let c = lane + 32 * k as u32;
+        let (row, chunk) = (c / D_TILES as u32, c % D_TILES as u32);
+        let words = ptx::ld_shared_v4(chunk_at(row, chunk));
+        let (seq_row, col) = (first_row + row, chunk * 8);
+        if seq_row >= block.seqlen_q || col >= head_dim {
+            continue;
+        }
+        let dst =
+            (p.o.ptr as *mut u16).add((block.query_offset(&p.o, seq_row) + col as u64) as usize);
+        if col + 8 <= head_dim {
+            ptx::st_global_v4(dst as u64, words);
+        } else {
+            for (w, &word) in words.iter().enumerate() {
+                if col + 2 * (w as u32) < head_dim {
+                    *(dst.add(2 * w) as *mut u32) = word;
+                }
+            }
+        }
+    }
 }

@@ -15,7 +15,9 @@
 //! drawn below. Three (`BM = 192`, at d = 64, where two leave the tensor cores idle) have
 //! 160 registers each, too few to hold S, P and O at once: each runs its products and its
 //! softmax in turn (issue P·Vᵢ, then S = Q·Kᵢ₊₁ᵀ, wait for both, softmax, rescale O), and
-//! the other two warpgroups' products cover its softmax ([`consume_in_turn`]).
+//! the other two warpgroups' products cover its softmax ([`consume_in_turn`]); each masks by
+//! its own rows and skips the leading key tiles none of them sees (a causal 192-row block's
+//! first warpgroups end one or two 128-key tiles before its last).
 //!
 //! ```text
 //! producer (one thread)                     consumers (each warpgroup, its 64 rows)
@@ -53,7 +55,9 @@
 //!
 //! Shared memory (dynamic, 1024-byte aligned, [`crate::config::FwdTile::smem_bytes`]): Q
 //! `[BM][D]`, a ring of `STAGES` (K `[BN][D]`, V `[BN][D]`) stages in the layout of
-//! [`crate::gmma`] (which is TMA's 128-byte swizzle of 64-column boxes), then the barriers.
+//! [`crate::gmma`] (which is TMA's 128-byte swizzle of 64-column boxes), where it fits
+//! (d = 64) each consumer warp's O stage `[16][D]` ([`store_output_staged`]: O leaves by
+//! `stmatrix` and 16-byte stores), then the barriers.
 //! Registers per consumer thread: S `BN/2` f32, P `BN/4` packed, O `D/2` f32, m and l of 2
 //! rows. Sync points: one `bar.sync` after the barriers are initialised; from then on only
 //! `mbarrier`s: `*_full` complete when the copies' bytes land (one arrival, the producer's
@@ -63,7 +67,7 @@
 //! each warpgroup's Q rows in place, then `fence.proxy.async` and a named barrier of that
 //! warpgroup.
 
-use super::io::store_output;
+use super::io::{output_stage_bytes, store_output, store_output_staged};
 use super::KeyTile;
 use crate::block::BlockInfo;
 use crate::config::MMA_M;
@@ -368,12 +372,32 @@ impl<const D: usize, const BM: usize, const BN: usize, const STAGES: usize>
         (GmmaTile::at(at), GmmaTile::at(at + bytes))
     }
 
-    /// The barriers, after the ring.
+    /// Whether O is staged through shared memory (the registry's tile says; persistence does
+    /// not change the layout).
+    const STAGED_OUTPUT: bool = crate::registry::wgmma_tile(D, BM, BN, false).staged_output;
+
+    /// Consumer warp `warp`'s O stage (16 rows, see [`store_output_staged`]), after the ring.
+    #[inline(always)]
+    fn output_stage(self, warp: u32) -> u32 {
+        self.ring_end() + warp * output_stage_bytes(D) as u32
+    }
+
+    /// The end of the ring.
+    #[inline(always)]
+    fn ring_end(self) -> u32 {
+        self.base + GmmaTile::<BM, D>::BYTES + STAGES as u32 * 2 * GmmaTile::<BN, D>::BYTES
+    }
+
+    /// The barriers, after the ring and (when staged) the O stage.
     #[inline(always)]
     fn bars(self) -> Barriers<STAGES> {
-        let ring = STAGES as u32 * 2 * GmmaTile::<BN, D>::BYTES;
+        let output = if Self::STAGED_OUTPUT {
+            (BM / MMA_M * output_stage_bytes(D)) as u32
+        } else {
+            0
+        };
         Barriers {
-            base: self.base + GmmaTile::<BM, D>::BYTES + ring,
+            base: self.ring_end() + output,
         }
     }
 }
@@ -678,8 +702,15 @@ unsafe fn consume<
     }
     let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
     let first_row = row0 + warp_m0 as u32;
-    let lane = PERSISTENT.then_some(me.lane);
-    store_output::<E, M, 1, D_TILES>(p, block, mask, first_row, &o, &softmax, o_scale, lane);
+    if SmemLayout::<D, BM, BN, STAGES>::STAGED_OUTPUT {
+        let stage = layout.output_stage(me.warp);
+        store_output_staged::<E, M, D_TILES>(
+            p, block, mask, first_row, &o, &softmax, o_scale, me.lane, stage,
+        );
+    } else {
+        let lane = PERSISTENT.then_some(me.lane);
+        store_output::<E, M, 1, D_TILES>(p, block, mask, first_row, &o, &softmax, o_scale, lane);
+    }
     tiles
 }
 
@@ -764,7 +795,8 @@ unsafe fn consume_overlapped<
 /// its P·V completes). Per tile `i`, in the warpgroup's turn: issue S = Q·Kᵢᵀ (P·Vᵢ₋₁,
 /// issued at the end of the previous step, runs ahead of it); wait for both; free the
 /// stage of tile i − 1 (and, in a ring of two, K of tile i); Pᵢ ← softmax; O ·= rescale;
-/// issue O += Pᵢ·Vᵢ.
+/// issue O += Pᵢ·Vᵢ. Each warpgroup masks by its own 64 rows and passes its turn without a
+/// product at the block's leading tiles none of them sees ([`Pipeline::own_rows`]).
 #[inline(always)]
 unsafe fn consume_in_turn<
     E: Elem,
@@ -788,6 +820,30 @@ unsafe fn consume_in_turn<
     let mut s = AccTile::<1, N_TILES>::zero();
     turns.start();
     let (mut n, mut i) = (first, 0u32);
+    // The block's leading key tiles that none of this warpgroup's rows see (under a causal
+    // mask, the last one or two for the first 64 or 128 rows; every tile for rows past the
+    // sequence): no product, only the turn, and the stages freed as the loop below frees
+    // them (V one tile later), each after its loads landed (an arrival before then would
+    // count towards the stage's previous use).
+    let (own_row0, own_rows) = pipe.own_rows();
+    while own_row0 >= mask.seqlen_q() || !mask.visits_key_tile(own_row0, own_rows, n, bn) {
+        let after = mask.next_key_tile(row0, bm, bn, n);
+        pipe.wait_k(i);
+        pipe.wait_v(i);
+        turns.wait();
+        turns.pass(after.is_none());
+        if i > 0 {
+            pipe.release_v(i - 1);
+        }
+        if early_k {
+            pipe.release_k(i);
+        }
+        match after {
+            Some(next) => n = next,
+            None => return i + 1, // the last stage stays held, as after the loop below
+        }
+        i += 1;
+    }
     loop {
         let after = mask.next_key_tile(row0, bm, bn, n);
         pipe.wait_k(i);
@@ -857,6 +913,20 @@ impl<
         const DROPOUT: bool,
     > Pipeline<'_, E, M, D, BM, BN, STAGES, DROPOUT>
 {
+    /// The rows whose visibility decides which key tiles this warpgroup masks and skips
+    /// (first row in the sequence, count): its own 64 with three consumer warpgroups (in a
+    /// 192-row block under a causal mask, a 64-row warpgroup cuts one 128-key tile where the
+    /// block cuts two or three); the block's with two (aligned 128-row blocks of 128-key
+    /// tiles gain nothing, and the 240-register kernels keep their allocation).
+    #[inline(always)]
+    fn own_rows(&self) -> (u32, u32) {
+        if BM > 2 * WG_ROWS {
+            (self.row0 + self.wg_m0 as u32, WG_ROWS as u32)
+        } else {
+            (self.row0, BM as u32)
+        }
+    }
+
     /// Waits until the K tile of loop tile `i` has landed.
     #[inline(always)]
     unsafe fn wait_k(&self, i: u32) {
@@ -993,10 +1063,8 @@ impl<
         n: u32,
     ) -> PackedTile<1, NT> {
         let (tile, tuning) = (self.key_tile(n), Self::TUNING);
-        if self
-            .mask
-            .tile_needs_mask(self.row0, BM as u32, n, BN as u32)
-        {
+        let (own_row0, own_rows) = self.own_rows();
+        if self.mask.tile_needs_mask(own_row0, own_rows, n, BN as u32) {
             tile.scores_to_probabilities::<true, DROPOUT, NT>(s, softmax, o, tuning);
             PackedTile::<1, NT>::pack::<E>(s)
         } else {

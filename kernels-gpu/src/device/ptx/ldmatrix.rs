@@ -1,6 +1,7 @@
-//! `ldmatrix`: warp-wide loads of 8×8 16-bit matrices from shared memory into the fragment
-//! layout `mma.sync` expects. Lane `l` supplies the row address of row `l % 8` of matrix
-//! `l / 8`; register `i` of every lane receives its part of matrix `i`.
+//! `ldmatrix` and `stmatrix`: warp-wide loads (and stores, sm_90) of 8×8 16-bit matrices
+//! between shared memory and the fragment layout `mma.sync` uses. Lane `l` supplies the row
+//! address of row `l % 8` of matrix `l / 8`; register `i` of every lane holds its part of
+//! matrix `i`.
 
 use core::arch::asm;
 
@@ -40,3 +41,23 @@ ldmatrix_x4!(
     ldmatrix_x4_trans,
     ".trans"
 );
+
+/// Stores four 8×8 matrices (sm_90): lane `l` gives row `l / 4`, columns `2·(l % 4)` and
+/// `+1` of matrix `i` in register `i` (the accumulator layout of `mma.m16n8k16` and
+/// `wgmma`, packed to 16 bits), and the address of row `l % 8` of matrix `l / 8`.
+///
+/// # Safety
+/// All 32 lanes execute it together, each with a 16-byte aligned shared address of 16
+/// writable bytes.
+#[inline(always)]
+pub unsafe fn stmatrix_x4(addr: u32, v: [u32; 4]) {
+    asm!(
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [{addr}], {{{a}, {b}, {c}, {d}}};",
+        addr = in(reg32) addr,
+        a = in(reg32) v[0],
+        b = in(reg32) v[1],
+        c = in(reg32) v[2],
+        d = in(reg32) v[3],
+        options(nostack)
+    );
+}

@@ -1,4 +1,5 @@
-//! Plain shared-memory loads and stores (16 bytes).
+//! Plain shared-memory loads and stores, and the 16-byte global store that writes what a
+//! warp staged there.
 
 use core::arch::asm;
 
@@ -93,4 +94,18 @@ pub unsafe fn ld_shared_u32(addr: u32) -> u32 {
     let v: u32;
     asm!("ld.shared.u32 {v}, [{addr}];", v = out(reg32) v, addr = in(reg32) addr, options(nostack, readonly));
     v
+}
+
+/// Stores 16 bytes to global address `addr`.
+///
+/// # Safety
+/// `addr` is a 16-byte aligned address of 16 writable bytes of global memory.
+#[inline(always)]
+pub unsafe fn st_global_v4(addr: u64, v: [u32; 4]) {
+    asm!(
+        "st.global.v4.u32 [{addr}], {{{a}, {b}, {c}, {d}}};",
+        addr = in(reg64) addr,
+        a = in(reg32) v[0], b = in(reg32) v[1], c = in(reg32) v[2], d = in(reg32) v[3],
+        options(nostack)
+    );
 }
