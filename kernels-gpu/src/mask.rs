@@ -112,6 +112,23 @@ pub trait AttnMask: Sized {
     /// Whether query `row` sees key `key`.
     fn visible(&self, row: u32, key: u32) -> bool;
 
+    /// Whether every row sees one interval of keys, [`AttnMask::row_keys`] (the causal mask,
+    /// windows and the general mask): a masked tile then tests each score against two bounds
+    /// per row instead of calling [`AttnMask::visible`].
+    const ROW_INTERVAL: bool = false;
+
+    /// Whether the interval of [`AttnMask::row_keys`] may start after key 0 (windows; the
+    /// causal mask's always starts at 0).
+    const ROW_LOWER_BOUND: bool = true;
+
+    /// The keys `row` sees, `[lo, hi)` (none when `lo ≥ hi`): exactly the keys
+    /// [`AttnMask::visible`] accepts, for masks with [`AttnMask::ROW_INTERVAL`] (others never
+    /// call it).
+    #[inline(always)]
+    fn row_keys(&self, _row: u32) -> (u32, u32) {
+        (0, 0)
+    }
+
     /// Whether query `row` sees at least one key. Rows that see none get O = 0 and LSE = −∞;
     /// rows that see keys whose scores are all −∞ get NaN (they are not masked rows).
     fn row_sees_keys(&self, row: u32) -> bool;
@@ -298,6 +315,14 @@ impl AttnMask for CausalMask {
         key < self.seqlen_k && (!self.causal || key as i64 <= self.causal_limit(row))
     }
 
+    const ROW_INTERVAL: bool = true;
+    const ROW_LOWER_BOUND: bool = false;
+
+    #[inline(always)]
+    fn row_keys(&self, row: u32) -> (u32, u32) {
+        (0, self.key_end(row))
+    }
+
     #[inline(always)]
     fn row_sees_keys(&self, row: u32) -> bool {
         self.key_end(row) > 0
@@ -442,6 +467,14 @@ impl AttnMask for WindowMask {
     fn visible(&self, row: u32, key: u32) -> bool {
         let key_i = key as i64;
         key < self.seqlen_k && key_i >= self.lo(row) && key_i <= self.hi(row)
+    }
+
+    const ROW_INTERVAL: bool = true;
+
+    #[inline(always)]
+    fn row_keys(&self, row: u32) -> (u32, u32) {
+        let clip = |k: i64| k.clamp(0, self.seqlen_k as i64) as u32;
+        (clip(self.lo(row)), clip(self.hi(row) + 1))
     }
 
     #[inline(always)]
@@ -589,6 +622,13 @@ impl AttnMask for ScoredMask {
     #[inline(always)]
     fn visible(&self, row: u32, key: u32) -> bool {
         self.window.visible(row, key)
+    }
+
+    const ROW_INTERVAL: bool = true;
+
+    #[inline(always)]
+    fn row_keys(&self, row: u32) -> (u32, u32) {
+        self.window.row_keys(row)
     }
 
     #[inline(always)]
@@ -989,6 +1029,24 @@ mod tests {
         );
     }
 
+    /// [`AttnMask::row_keys`] is [`AttnMask::visible`] as an interval for every row (past the
+    /// sequence too: kernels compute those rows) and key (past the keys too), starting at 0
+    /// where the mask says it has no lower bound.
+    fn row_keys_match_predicate<M: AttnMask>(m: &M, nq: u32, nk: u32) {
+        assert!(M::ROW_INTERVAL);
+        for row in 0..nq + 70 {
+            let (lo, hi) = m.row_keys(row);
+            assert!(M::ROW_LOWER_BOUND || lo == 0);
+            for key in 0..nk + 70 {
+                assert_eq!(
+                    m.visible(row, key),
+                    lo <= key && key < hi,
+                    "row {row} key {key}"
+                );
+            }
+        }
+    }
+
     /// Brute force: the tile iterator and the needs-mask flag agree with the element predicate,
     /// and the tiles come in decreasing order.
     #[test]
@@ -1019,6 +1077,13 @@ mod tests {
                     left,
                     right,
                 };
+                row_keys_match_predicate(&m, nq, nk);
+                let causal = CausalMask {
+                    seqlen_q: nq,
+                    seqlen_k: nk,
+                    causal: right == 0,
+                };
+                row_keys_match_predicate(&causal, nq, nk);
                 for (bm, bn) in [(16u32, 16u32), (64, 32), (128, 64)] {
                     for row0 in (0..nq).step_by(bm as usize) {
                         let mut visited = [false; 256];

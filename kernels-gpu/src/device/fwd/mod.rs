@@ -205,6 +205,7 @@ impl<
             lane: self.lane,
             scale: self.scale,
             rng: &self.rng,
+            by_interval: false,
         };
         tile.scores_to_probabilities::<MASKED, DROPOUT, N_TILES>(&mut s, softmax, o, Tuning::PLAIN);
         mma_pb::<E, MT, N_TILES, D_TILES, BN, PITCH>(o, &s, self.kv.v, &lanes, 0);
@@ -226,6 +227,11 @@ pub(crate) struct KeyTile<'a, M, const MT: usize> {
     pub scale: f32,
     /// The (batch, head)'s dropout generator (unused without `DROPOUT`).
     pub rng: &'a DropoutRng,
+    /// Masked tiles test scores against each row's key interval ([`AttnMask::row_keys`],
+    /// masks with [`AttnMask::ROW_INTERVAL`]) rather than with [`AttnMask::visible`]: the
+    /// `wgmma` kernels without dropout. The `mma.sync` kernels and those with dropout keep
+    /// `visible` (with the per-row bounds live, several of them spilled).
+    pub by_interval: bool,
 }
 
 impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
@@ -265,9 +271,20 @@ impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
                 });
             }
         }
+        let by_interval = M::ROW_INTERVAL && self.by_interval;
+        let bounds = if by_interval {
+            self.row_bounds(pos)
+        } else {
+            RowVec::splat((0, 0))
+        };
         let visible = |mt: usize, r: usize, nt: usize, c: usize| {
-            self.mask
-                .visible(self.rows.0[mt][r], self.key0 + pos.col(nt, c))
+            if by_interval {
+                let ((lo, hi), col) = (bounds.0[mt][r], (pos.col(nt, c) - pos.col(0, 0)) as i32);
+                (!M::ROW_LOWER_BOUND || col >= lo) && col < hi
+            } else {
+                self.mask
+                    .visible(self.rows.0[mt][r], self.key0 + pos.col(nt, c))
+            }
         };
         if let Some(factor) = softmax.update::<MASKED, NT>(s, self.scale, visible, tuning) {
             o.rescale(&factor);
@@ -275,6 +292,21 @@ impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
         if DROPOUT {
             drop_probabilities(self.rng, s, self.rows, self.key0, pos);
         }
+    }
+}
+
+impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
+    /// For masks with [`AttnMask::ROW_INTERVAL`]: each row's visible keys `[lo, hi)` relative
+    /// to the thread's first column of the tile (`key0 + pos.col(0, 0)`), so a score's test is
+    /// its column offset (a constant per register) against two per-row values. Keys and
+    /// lengths lie below 2³¹ (the host rejects larger sequences), so the differences fit i32.
+    #[inline(always)]
+    fn row_bounds(&self, pos: FragPos) -> RowVec<(i32, i32), MT> {
+        let base = self.key0 + pos.col(0, 0);
+        RowVec::from_fn(|mt, r| {
+            let (lo, hi) = self.mask.row_keys(self.rows.0[mt][r]);
+            (lo.wrapping_sub(base) as i32, hi.wrapping_sub(base) as i32)
+        })
     }
 }
 

@@ -1018,6 +1018,7 @@ impl<
             lane: self.lane,
             scale: self.scale,
             rng: &self.rng,
+            by_interval: !DROPOUT,
         }
     }
 
