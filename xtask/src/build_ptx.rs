@@ -140,18 +140,31 @@ pub fn trial(t: &Trial) -> Result<(), String> {
     let built = build_target(&tc, t.arch, &root)?;
     let scratch = root.join("target/ptx").join(t.arch.name).join("trial");
     std::fs::create_dir_all(&scratch).map_err(|e| e.to_string())?;
-    let mut usages = Vec::new();
+    let (mut usages, mut failures) = (Vec::new(), Vec::new());
     let selected = ALL_KERNELS.iter().filter(|k| {
         k.built_for(t.arch.arch)
             && (t.only.is_empty() || t.only.iter().any(|s| k.name.contains(s.as_str())))
     });
+    // Every selected kernel is compiled, and every failure reported, not only the first.
     for k in selected {
         let path = scratch.join(format!("{}.ptx", k.name));
         std::fs::write(&path, &built[k.name]).map_err(|e| e.to_string())?;
         let smem = k.dyn_smem[t.arch.arch.index()];
-        usages.push(ptxas::compile(&ptxas, &path, t.arch.sass, None, k, smem)?);
+        match ptxas::compile(&ptxas, &path, t.arch.sass, None, k, smem) {
+            Ok(usage) => usages.push(usage),
+            Err(e) => failures.push(e),
+        }
     }
-    ptxas::print_report(&usages)
+    ptxas::print_report(&usages)?;
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} kernels failed:\n{}",
+            failures.len(),
+            failures.join("\n")
+        ))
+    }
 }
 
 /// The first lines of every generated text file: what made it.

@@ -14,6 +14,12 @@
 //! same sums in exact arithmetic; and O is rescaled only in the rare tiles where some row's
 //! maximum jumps (on random inputs almost only the first).
 //!
+//! With the lazy maximum a caller may also take a tile at the reference points as they
+//! stand ([`OnlineSoftmax::update_at_reference`]): the exponentials start without waiting
+//! for the tile's row maxima, which the same pass takes and which only decide afterwards
+//! whether a point would have moved; in that rare case the caller computes S again and runs
+//! [`OnlineSoftmax::update`].
+//!
 //! A caller may also ask for the row maxima and sums of a tile as two interleaved chains
 //! per row (even and odd n-tiles), merged at the end: half the dependent latency of one
 //! chain, for the `wgmma` consumer warps, which have no other warp of theirs to hide it
@@ -175,6 +181,86 @@ impl<const MT: usize> OnlineSoftmax<MT> {
         } else {
             None
         }
+    }
+
+    /// The lazy maximum's common case without its latency: P from the reference points `m`
+    /// as they stand, the tile's row maxima taken in the same pass, off the path to the
+    /// exponentials (no wait for the maxima's shuffles). Returns `true` when no row's
+    /// maximum would move ([`LAZY_MAX_LOG2`]): then `s` holds P, `l` is updated and O needs
+    /// no rescaling, exactly as [`Self::update`] with `lazy_max` would have done. Returns
+    /// `false` otherwise, with `s` spent and the state untouched: the caller computes S again
+    /// and calls [`Self::update`]. The answer is `any(moves)`: `any` votes over the threads
+    /// that must take the same path (a warpgroup, whose `wgmma` computes S). A row with no
+    /// reference point yet
+    /// (`m = −∞`) that sees a key moves, so a query tile's first key tile always returns
+    /// `false`: callers take [`Self::update`] there directly.
+    ///
+    /// # Safety
+    /// Every thread `any` votes over calls it.
+    #[inline(always)]
+    pub unsafe fn update_at_reference<const MASKED: bool, const NT: usize>(
+        &mut self,
+        s: &mut AccTile<MT, NT>,
+        scale: f32,
+        visible: impl Fn(usize, usize, usize, usize) -> bool,
+        tuning: Tuning,
+        any: impl FnOnce(bool) -> bool,
+    ) -> bool {
+        let chains = if tuning.two_chains { 2 } else { 1 };
+        let mut moves = false;
+        let mut sums = RowVec::<f32, MT>::splat(0.0);
+        for mt in 0..MT {
+            // 2^(c·s − m) with a finite m; with m = −∞ the row moves if it sees a key, and 0
+            // keeps 2^(−∞) = 0 for one that does not.
+            let shift: [f32; 2] = core::array::from_fn(|r| {
+                let m = self.m.0[mt][r];
+                if m == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    m
+                }
+            });
+            let mut raw_max = [[f32::NEG_INFINITY; 2]; 2];
+            let mut row_sum = [[0.0f32; 2]; 2];
+            s.for_each_in_mtile(mt, |r, nt, c, x| {
+                if MASKED && !visible(mt, r, nt, c) {
+                    *x = f32::NEG_INFINITY;
+                }
+                raw_max[r][nt % chains] = raw_max[r][nt % chains].max(*x);
+                let p = ptx::ex2_approx_ftz(ptx::fma_rn_f32(*x, scale, -shift[r]));
+                // Masked scores are −∞; with a zero scale −∞·0 is NaN, so zero them here.
+                *x = if MASKED && *x == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    p
+                };
+                row_sum[r][nt % chains] += *x;
+            });
+            for r in 0..2 {
+                let (raw, sum) = if chains == 2 {
+                    (
+                        raw_max[r][0].max(raw_max[r][1]),
+                        row_sum[r][0] + row_sum[r][1],
+                    )
+                } else {
+                    (raw_max[r][0], row_sum[r][0])
+                };
+                let tile_max = quad_max(raw);
+                // −∞ never moves the point (also for a zero scale, where −∞·0 is NaN).
+                moves |= tile_max != f32::NEG_INFINITY
+                    && tile_max * scale > self.m.0[mt][r] + LAZY_MAX_LOG2;
+                sums.0[mt][r] = sum;
+            }
+        }
+        if any(moves) {
+            return false;
+        }
+        for mt in 0..MT {
+            for r in 0..2 {
+                self.l.0[mt][r] += sums.0[mt][r];
+            }
+        }
+        true
     }
 
     /// The state to merge with other warps' (FlashDecoding's split merge): the running

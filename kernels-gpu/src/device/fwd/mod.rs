@@ -257,6 +257,50 @@ impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
         o: &mut impl Rescale<MT>,
         tuning: Tuning,
     ) {
+        self.probabilities_by::<false, MASKED, DROPOUT, NT>(s, softmax, o, tuning, |_| false);
+    }
+
+    /// As [`Self::scores_to_probabilities`] with the lazy maximum, taken at the rows' current
+    /// reference points ([`OnlineSoftmax::update_at_reference`]): `true` when no row's
+    /// maximum moves (P in `s`, O needs no rescaling); `false` (warp-uniform) when one would,
+    /// with `s` spent and the softmax state untouched: the caller computes S again and calls
+    /// [`Self::scores_to_probabilities`]. `any` votes over the threads that take the same
+    /// path (see [`OnlineSoftmax::update_at_reference`]).
+    ///
+    /// # Safety
+    /// Every thread `any` votes over calls it.
+    #[inline(always)]
+    pub unsafe fn scores_to_probabilities_at_reference<
+        const MASKED: bool,
+        const DROPOUT: bool,
+        const NT: usize,
+    >(
+        &self,
+        s: &mut AccTile<MT, NT>,
+        softmax: &mut OnlineSoftmax<MT>,
+        tuning: Tuning,
+        any: impl FnOnce(bool) -> bool,
+    ) -> bool {
+        let mut unused: Option<RowVec<f32, MT>> = None; // no rescale at the reference points
+        self.probabilities_by::<true, MASKED, DROPOUT, NT>(s, softmax, &mut unused, tuning, any)
+    }
+
+    /// The body of both: `AT_REFERENCE` picks the softmax's update (and uses `any`); returns
+    /// whether P is in `s` (always without `AT_REFERENCE`).
+    #[inline(always)]
+    unsafe fn probabilities_by<
+        const AT_REFERENCE: bool,
+        const MASKED: bool,
+        const DROPOUT: bool,
+        const NT: usize,
+    >(
+        &self,
+        s: &mut AccTile<MT, NT>,
+        softmax: &mut OnlineSoftmax<MT>,
+        o: &mut impl Rescale<MT>,
+        tuning: Tuning,
+        any: impl FnOnce(bool) -> bool,
+    ) -> bool {
         let pos = FragPos::of(ptx::opaque_u32(self.lane));
         if M::MODIFIES_SCORES && self.mask.modifies_scores() {
             // One branch per tile on the cap, none per score.
@@ -286,12 +330,18 @@ impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
                     .visible(self.rows.0[mt][r], self.key0 + pos.col(nt, c))
             }
         };
-        if let Some(factor) = softmax.update::<MASKED, NT>(s, self.scale, visible, tuning) {
-            o.rescale(&factor);
-        }
-        if DROPOUT {
+        let done = if AT_REFERENCE {
+            softmax.update_at_reference::<MASKED, NT>(s, self.scale, visible, tuning, any)
+        } else {
+            if let Some(factor) = softmax.update::<MASKED, NT>(s, self.scale, visible, tuning) {
+                o.rescale(&factor);
+            }
+            true
+        };
+        if DROPOUT && done {
             drop_probabilities(self.rng, s, self.rows, self.key0, pos);
         }
+        done
     }
 }
 

@@ -17,7 +17,10 @@
 //! softmax in turn (issue P·Vᵢ, then S = Q·Kᵢ₊₁ᵀ, wait for both, softmax, rescale O), and
 //! the other two warpgroups' products cover its softmax ([`consume_in_turn`]); each masks by
 //! its own rows and skips the leading key tiles none of them sees (a causal 192-row block's
-//! first warpgroups end one or two 128-key tiles before its last).
+//! first warpgroups end one or two 128-key tiles before its last). After its first key tile,
+//! each of the three takes the softmax at its rows' reference points first
+//! (`Pipeline::AT_REFERENCE`), and only where one of its rows' maxima moves past the lazy
+//! threshold (a vote at its named barrier) multiplies S again and takes the full softmax.
 //!
 //! ```text
 //! producer (one thread)                     consumers (each warpgroup, its 64 rows)
@@ -844,6 +847,7 @@ unsafe fn consume_in_turn<
         }
         i += 1;
     }
+    let skipped = i;
     loop {
         let after = mask.next_key_tile(row0, bm, bn, n);
         pipe.wait_k(i);
@@ -860,7 +864,8 @@ unsafe fn consume_in_turn<
         if early_k {
             pipe.release_k(i);
         }
-        let p_cur = pipe.probabilities(&mut s, softmax, o, n); // P·V of tile i − 1 is in
+        // P·V of tile i − 1 is in; the warpgroup's first tile sets the reference points.
+        let p_cur = pipe.probabilities(&mut s, softmax, o, n, i, i > skipped);
         pipe.wait_v(i);
         ptx::wgmma_fence();
         pipe.issue_pv(o, &p_cur, i);
@@ -1051,10 +1056,41 @@ impl<
         factor
     }
 
-    /// As [`Self::softmax`] for a warpgroup whose O is not in flight: O is rescaled at once
-    /// and P packed inside each branch (masked tile or not), so the branches meet on P and O.
-    /// Meeting on S and the factor, ptxas copied 30-odd scores between registers in the
-    /// unmasked branch of the plain kind's kernel.
+    /// Whether the softmax of a key tile after the warpgroup's first is first tried at the
+    /// rows' reference points ([`KeyTile::scores_to_probabilities_at_reference`]: the
+    /// exponentials need not wait for the tile's row maxima; the warpgroup then votes at its
+    /// named barrier whether a row maximum moved, and if so computes S again, its K still in
+    /// the ring of three stages), in the loop of three consumer warpgroups
+    /// ([`Self::probabilities`]; d = 64: 0–5 % faster, docs/perf-notes.md), with masks
+    /// tested by row interval and without dropout. In the loop of two (d = 128) it was within
+    /// noise; there, with dropout or the block-sparse mask ptxas spilled 8–240 B, with the
+    /// tree mask it serialised the `wgmma`s.
+    const AT_REFERENCE: bool = STAGES == 3 && M::ROW_INTERVAL && !DROPOUT;
+
+    /// Whether any thread of this warpgroup has `moves` (its named barrier, `bar.red.or`).
+    #[inline(always)]
+    unsafe fn warpgroup_any(&self, moves: bool) -> bool {
+        let wg = (self.wg_m0 / WG_ROWS) as u32;
+        ptx::bar_red_or_named(1 + wg, WG_THREADS, moves)
+    }
+
+    /// Computes S of loop tile `i` again (its K is still in the ring), for the rare tile
+    /// whose softmax at the reference points found a row maximum moving; waits for every
+    /// product in flight.
+    #[inline(always)]
+    unsafe fn recompute_s<const NT: usize>(&self, s: &mut AccTile<1, NT>, i: u32) {
+        ptx::wgmma_fence();
+        self.issue_s(s, i);
+        ptx::wgmma_wait_group::<0>();
+        ptx::wgmma_fence_operands(s.tiles_mut::<NT>(0, 0));
+    }
+
+    /// As [`Self::softmax`] for a warpgroup whose O is not in flight, key tile `n`, loop tile
+    /// `i`, tried first at the reference points where `later` (not the warpgroup's first
+    /// tile; see [`Self::AT_REFERENCE`]): O is rescaled at once and P packed inside each
+    /// branch (masked tile or not), so the branches meet on P and O. Meeting on S and the
+    /// factor, ptxas copied 30-odd scores between registers in the unmasked branch of the
+    /// plain kind's kernel.
     #[inline(always)]
     unsafe fn probabilities<const NT: usize, const DT: usize>(
         &self,
@@ -1062,15 +1098,40 @@ impl<
         softmax: &mut OnlineSoftmax<1>,
         o: &mut AccTile<1, DT>,
         n: u32,
+        i: u32,
+        later: bool,
+    ) -> PackedTile<1, NT> {
+        let (own_row0, own_rows) = self.own_rows();
+        let at_reference = Self::AT_REFERENCE && later;
+        if self.mask.tile_needs_mask(own_row0, own_rows, n, BN as u32) {
+            self.probabilities_as::<true, NT, DT>(s, softmax, o, n, i, at_reference)
+        } else {
+            self.probabilities_as::<false, NT, DT>(s, softmax, o, n, i, at_reference)
+        }
+    }
+
+    /// [`Self::probabilities`] of a tile that is `MASKED` or not.
+    #[inline(always)]
+    unsafe fn probabilities_as<const MASKED: bool, const NT: usize, const DT: usize>(
+        &self,
+        s: &mut AccTile<1, NT>,
+        softmax: &mut OnlineSoftmax<1>,
+        o: &mut AccTile<1, DT>,
+        n: u32,
+        i: u32,
+        at_reference: bool,
     ) -> PackedTile<1, NT> {
         let (tile, tuning) = (self.key_tile(n), Self::TUNING);
-        let (own_row0, own_rows) = self.own_rows();
-        if self.mask.tile_needs_mask(own_row0, own_rows, n, BN as u32) {
-            tile.scores_to_probabilities::<true, DROPOUT, NT>(s, softmax, o, tuning);
-            PackedTile::<1, NT>::pack::<E>(s)
-        } else {
-            tile.scores_to_probabilities::<false, DROPOUT, NT>(s, softmax, o, tuning);
-            PackedTile::<1, NT>::pack::<E>(s)
+        if at_reference {
+            let any = |moves| self.warpgroup_any(moves);
+            if tile.scores_to_probabilities_at_reference::<MASKED, DROPOUT, NT>(
+                s, softmax, tuning, any,
+            ) {
+                return PackedTile::<1, NT>::pack::<E>(s);
+            }
+            self.recompute_s(s, i);
         }
+        tile.scores_to_probabilities::<MASKED, DROPOUT, NT>(s, softmax, o, tuning);
+        PackedTile::<1, NT>::pack::<E>(s)
     }
 }

@@ -150,6 +150,26 @@ pub unsafe fn bar_sync_named(id: u32, threads: u32) {
     asm!("bar.sync {i}, {n};", i = in(reg32) id, n = in(reg32) threads, options(nostack));
 }
 
+/// `bar.red.or.pred`: [`bar_sync_named`] that also returns, in every thread, whether `pred`
+/// was true in any of the `threads` threads (a vote over several warps, e.g. a warpgroup's,
+/// before a warpgroup-wide instruction only some warps' data ask for).
+///
+/// # Safety
+/// As [`bar_sync_named`].
+#[inline(always)]
+pub unsafe fn bar_red_or_named(id: u32, threads: u32, pred: bool) -> bool {
+    let r: u32;
+    asm!(
+        "{{ .reg .pred p, q; setp.ne.u32 p, {x}, 0; bar.red.or.pred q, {i}, {n}, p; selp.u32 {r}, 1, 0, q; }}",
+        r = out(reg32) r,
+        x = in(reg32) pred as u32,
+        i = in(reg32) id,
+        n = in(reg32) threads,
+        options(nostack)
+    );
+    r != 0
+}
+
 /// `bar.arrive id, threads`: counts the calling warps as arrived at named barrier `id`
 /// without waiting; the barrier completes when `threads` threads arrived or synced there (the
 /// other side of a producer/consumer handshake whose waiters use [`bar_sync_named`]).
