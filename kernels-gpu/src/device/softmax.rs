@@ -191,9 +191,8 @@ impl<const MT: usize> OnlineSoftmax<MT> {
     /// `false` otherwise, with `s` spent and the state untouched: the caller computes S again
     /// and calls [`Self::update`]. The answer is `any(moves)`: `any` votes over the threads
     /// that must take the same path (a warpgroup, whose `wgmma` computes S). A row with no
-    /// reference point yet
-    /// (`m = −∞`) that sees a key moves, so a query tile's first key tile always returns
-    /// `false`: callers take [`Self::update`] there directly.
+    /// reference point yet (`m = −∞`) that sees a key moves, so a query tile's first key tile
+    /// always returns `false`: callers take [`Self::update`] there directly.
     ///
     /// # Safety
     /// Every thread `any` votes over calls it.
