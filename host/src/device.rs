@@ -30,6 +30,9 @@ pub struct Device {
     /// Whether the persistent `wgmma` kernels run persistent blocks
     /// (`FLASH_ATTN_WGMMA_PERSISTENT`, read once).
     wgmma_persistent: bool,
+    /// Whether forward calls take wide key tiles wherever the kind has them
+    /// (`FLASH_ATTN_WGMMA_WIDE=1`, read once).
+    wgmma_wide_tiles: bool,
     max_smem_optin: usize,
     sm_count: usize,
     loaded: Mutex<HashMap<&'static str, Loaded>>,
@@ -92,8 +95,9 @@ impl Device {
     /// `FLASH_ATTN_FWD=mma` or `=wgmma` one forward path on Hopper (see [`ForwardPath`]),
     /// `FLASH_ATTN_BWD=mma` the backward's `mma.sync` kernels there (see [`BackwardPath`]), and
     /// `FLASH_ATTN_WGMMA_PINGPONG=0` the `wgmma` kernels' schedule without turns, and
-    /// `FLASH_ATTN_WGMMA_PERSISTENT=0` one block per query tile on the persistent ones, for
-    /// testing. Raises the release threshold of the device's default memory pool (where
+    /// `FLASH_ATTN_WGMMA_PERSISTENT=0` one block per query tile on the persistent ones, and
+    /// `FLASH_ATTN_WGMMA_WIDE=1` the plain kind's kernel of 176-key tiles on every call it
+    /// covers (see [`Device::wgmma_wide_tiles`]), for testing. Raises the release threshold of the device's default memory pool (where
     /// cudarc's allocations come from) from 0 to unlimited, unless something set it already
     /// or `FLASH_ATTN_POOL_RETAIN=0`: freed memory then stays in the pool for the next
     /// allocation of the process instead of being unmapped at every synchronisation and
@@ -131,6 +135,7 @@ impl Device {
             _ => SCHEDULE_PINGPONG,
         };
         let wgmma_persistent = std::env::var("FLASH_ATTN_WGMMA_PERSISTENT").as_deref() != Ok("0");
+        let wgmma_wide_tiles = std::env::var("FLASH_ATTN_WGMMA_WIDE").as_deref() == Ok("1");
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
@@ -160,6 +165,7 @@ impl Device {
             backward_path: AtomicU8::new(backward_path as u8),
             wgmma_schedule,
             wgmma_persistent,
+            wgmma_wide_tiles,
             max_smem_optin,
             sm_count,
             loaded: Mutex::new(HashMap::new()),
@@ -215,6 +221,14 @@ impl Device {
         } else {
             tiles
         }
+    }
+
+    /// Whether forward calls take a `wgmma` kernel of key tiles wider than 128 (the plain
+    /// kind's at d = 128) wherever the kind has one, causal and short calls included, rather
+    /// than only where such tiles pay (at most 1/64 of the keys padding, causal calls from 8K
+    /// keys): `FLASH_ATTN_WGMMA_WIDE=1`, a test switch (both are exact).
+    pub fn wgmma_wide_tiles(&self) -> bool {
+        self.wgmma_wide_tiles
     }
 
     /// Which kernels the backward takes on Hopper (see [`BackwardPath`]; from

@@ -19,13 +19,19 @@ const M: usize = 64;
 const K: usize = 64;
 /// Columns of V and O.
 const DV: usize = 128;
-/// Rows of B and V, columns of P and S.
+/// Rows of V, columns of P and S.
 const N: usize = 128;
+/// Rows of B, columns of the 176-key product's S.
+const N_WIDE: usize = 176;
 
 /// What the `wgmma` layout probe computed (f32, row-major).
 #[derive(Clone, Debug)]
 pub struct WgmmaProbe {
-    /// `S = A·Bᵀ`, `[64][128]`, by `wgmma.m64n128k16` with both operands in shared memory.
+    /// `S = A·Bᵀ` over all of B's rows, `[64][176]`, by `wgmma.m64n176k16` with both
+    /// operands in shared memory.
+    pub s_n176: Vec<f32>,
+    /// S's first 128 columns, `[64][128]`, by `wgmma.m64n128k16` with both operands in
+    /// shared memory.
     pub s: Vec<f32>,
     /// S's first 64 columns, `[64][64]`, by `wgmma.m64n64k16` with both operands in shared
     /// memory.
@@ -40,7 +46,7 @@ pub struct WgmmaProbe {
 }
 
 /// Runs the `wgmma` layout probe on `dev` (compute capability 9.0 only): see [`WgmmaProbe`],
-/// where A is `[64][64]`, B `[128][64]`, P `[64][128]` and V `[128][128]`
+/// where A is `[64][64]`, B `[176][64]`, P `[64][128]` and V `[128][128]`
 /// (row-major, f16 or bf16). Each accumulator element is written where the kernels' fragment
 /// layout places it, so a layout error shows as wrong elements. Errors:
 /// [`FlashError::UnsupportedDevice`] elsewhere than on sm_90a, [`FlashError::Shape`] for other
@@ -63,7 +69,7 @@ pub fn wgmma_layout_probe<T: Element>(
     };
     for (what, got, want) in [
         ("A", a.len(), M * K),
-        ("B", b.len(), N * K),
+        ("B", b.len(), N_WIDE * K),
         ("P", p.len(), M * N),
         ("V", v.len(), N * DV),
     ] {
@@ -75,6 +81,7 @@ pub fn wgmma_layout_probe<T: Element>(
     }
     let up = |x: &[T]| DeviceTensor::from_host(dev, &[x.len()], x);
     let (a, b, p, v) = (up(a)?, up(b)?, up(p)?, up(v)?);
+    let s176 = DeviceTensor::<f32>::zeros(dev, &[M * N_WIDE])?;
     let s = DeviceTensor::<f32>::zeros(dev, &[M * N])?;
     let o = DeviceTensor::<f32>::zeros(dev, &[M * DV])?;
     let o64 = DeviceTensor::<f32>::zeros(dev, &[M * DV])?;
@@ -90,6 +97,7 @@ pub fn wgmma_layout_probe<T: Element>(
         s64: s64.device_address(dev),
         o64: o64.device_address(dev),
         g: g.device_address(dev),
+        s176: s176.device_address(dev),
     };
     // SAFETY: every buffer is live and of the size the kernel reads or writes; one block of
     // the probe's threads and shared memory.
@@ -104,6 +112,7 @@ pub fn wgmma_layout_probe<T: Element>(
         )?
     };
     Ok(WgmmaProbe {
+        s_n176: s176.to_host(dev)?,
         s: s.to_host(dev)?,
         s_n64: s64.to_host(dev)?,
         o: o.to_host(dev)?,

@@ -6,8 +6,8 @@
 pub const WARP_SIZE: usize = 32;
 
 /// Dynamic shared memory of the `wgmma` layout probe (`wgmma_probe_*`): A `[64][64]`,
-/// B `[128][64]` and V `[128][128]` of 16-bit elements.
-pub const PROBE_SMEM_BYTES: usize = 2 * (64 * 64 + 128 * 64 + 128 * 128);
+/// B `[176][64]` and V `[128][128]` of 16-bit elements.
+pub const PROBE_SMEM_BYTES: usize = 2 * (64 * 64 + 176 * 64 + 128 * 128);
 
 /// Threads of the `wgmma` layout probe (one warpgroup).
 pub const PROBE_THREADS: usize = 128;

@@ -886,6 +886,9 @@ registry! {
         64 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d64, flash_fwd_wgmma_masked_dropout_bf16_d64] 128 128 PER_TILE;
         64 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d64, flash_fwd_wgmma_sparse_dropout_bf16_d64] 128 128 PER_TILE;
         64 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d64, flash_fwd_wgmma_tree_dropout_bf16_d64] 128 128 PER_TILE;
+        // 176-key tiles (a ring of 2) for the plain calls where they pay; the host sends the
+        // others to the general kernel (`Keys::take_wide_tiles`).
+        128 Causal PLAIN [flash_fwd_wgmma_f16_d128, flash_fwd_wgmma_bf16_d128] 128 176 PERSISTENT;
         128 Masked PLAIN [flash_fwd_wgmma_masked_f16_d128, flash_fwd_wgmma_masked_bf16_d128] 128 128 PERSISTENT;
         128 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d128, flash_fwd_wgmma_sparse_bf16_d128] 128 128 PER_TILE;
         128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128 128 PER_TILE;
@@ -1133,15 +1136,21 @@ mod tests {
     /// Every `wgmma` row: 128-row tiles of two consumer warpgroups (192 rows of three for the
     /// plain kind at d = 64 without dropout) and a producer one (whose PTX declares its
     /// block size for `setmaxnreg`), 128 keys in a 3-stage ring (64 keys in 2 stages at
-    /// d = 256) that fits Hopper's 227 KiB, named
+    /// d = 256, 176 in 2 for the plain kind at d = 128 without dropout) that fits Hopper's
+    /// 227 KiB, named
     /// `flash_fwd_wgmma_{kind}{dtype}_d{d}`, with an `mma.sync` row of the same head dim, mask
     /// and dropout to fall back on; built for sm_90a alone.
     #[test]
     fn every_wgmma_row_fits_hopper_and_has_an_mma_twin() {
         for k in FWD_WGMMA_KERNELS {
             let t = k.tile(Arch::Sm90a);
-            let ring = if k.head_dim == 256 { (64, 2) } else { (128, 3) };
-            let three = k.head_dim == 64 && k.mask == MaskKind::Causal && !k.dropout;
+            let plain = k.mask == MaskKind::Causal && !k.dropout;
+            let ring = match k.head_dim {
+                256 => (64, 2),
+                128 if plain => (176, 2),
+                _ => (128, 3),
+            };
+            let three = k.head_dim == 64 && plain;
             let rows = if three { 192 } else { 128 };
             assert_eq!(
                 (t.block_m, t.block_n, t.threads(), t.kv_stages),
@@ -1171,8 +1180,7 @@ mod tests {
     }
 
     #[test]
-    fn wgmma_kernels_cover_every_mask_at_64_128_and_256_but_one_and_plain_runs_on_general_above_64()
-    {
+    fn wgmma_kernels_cover_every_mask_at_64_128_and_256_but_one_and_plain_runs_on_general_at_256() {
         let kinds = [
             MaskKind::Causal,
             MaskKind::Masked,
@@ -1189,11 +1197,11 @@ mod tests {
                         _ => false,
                     };
                     assert_eq!(k.is_none(), spills, "{d} {mask:?} {dropout}");
-                    // Plain calls without dropout run on the general kernel (faster with two
-                    // consumer warpgroups) except at d = 64 (the plain kind's own kernel has
-                    // three), and so do those with dropout at d = 256 (the plain kernel
-                    // spills there).
-                    let own = d == 64 && !dropout;
+                    // Plain calls without dropout have their own kernel at d = 64 (three
+                    // consumer warpgroups) and 128 (176-key tiles, which the host takes only
+                    // where they pay, else the general kernel), the general one at d = 256;
+                    // so do those with dropout at d = 256 (the plain kernel spills there).
+                    let own = d <= 128 && !dropout;
                     let general = mask == MaskKind::Causal && !own && (!dropout || d == 256);
                     let kind = if general { MaskKind::Masked } else { mask };
                     if let Some(k) = k {

@@ -122,6 +122,25 @@ fn three_warpgroup_case_strategy() -> impl Strategy<Value = ForwardCase> {
     })
 }
 
+/// [`case_strategy`] at the head dims of Hopper's plain `wgmma` kernel of 176-key tiles
+/// (65..=128) and key lengths on both sides of multiples of 176 up to 7 tiles (the ring of
+/// two wraps from the third tile, the barriers' parity flips back from the fifth), causal or
+/// not, without other masks (those run on the general kernel): with `FLASH_ATTN_FWD=wgmma`
+/// and `FLASH_ATTN_WGMMA_WIDE=1` every case runs on it (without the second, only calls
+/// whose tiles pay: none of these lengths but the multiples of 176, not causal).
+fn wide_key_tile_case_strategy() -> impl Strategy<Value = ForwardCase> {
+    let shapes = shapes_from(
+        1..=2,
+        vec![(1, 1), (2, 1), (4, 2), (3, 3), (6, 2), (8, 1)],
+        vec![65usize, 72, 96, 100, 120, 128],
+        vec![1usize, 64, 127, 128, 129, 300, 385],
+        vec![1usize, 175, 176, 177, 352, 353, 529, 880, 1057, 1232],
+    );
+    cases_with(shapes).prop_map(|(seed, shape, causal, scale, _, mag, layout)| {
+        (seed, shape, causal, scale, MaskRecipe::NONE, mag, layout)
+    })
+}
+
 /// Cases with many more query tiles than an H100 has SMs (up to 3 × 24 × 5), so the
 /// persistent `wgmma` kernels' blocks each take several tiles from the counter, at the head
 /// dims of the persistent kernels (33..=64 without other masks: the three-warpgroup kernel;
@@ -169,6 +188,14 @@ proptest! {
 
     #[test]
     fn forward_on_three_consumer_warpgroups_matches_reference((seed, shape, causal, scale, masks, mag, layout) in three_warpgroup_case_strategy()) {
+        if let Some(dev) = device() {
+            prop_assert_eq!(run_case::<f16>(dev, seed, shape, causal, scale, masks, mag, layout), Ok(()));
+            prop_assert_eq!(run_case::<bf16>(dev, seed ^ 1, shape, causal, scale, masks, mag, layout), Ok(()));
+        }
+    }
+
+    #[test]
+    fn forward_on_wide_key_tiles_matches_reference((seed, shape, causal, scale, masks, mag, layout) in wide_key_tile_case_strategy()) {
         if let Some(dev) = device() {
             prop_assert_eq!(run_case::<f16>(dev, seed, shape, causal, scale, masks, mag, layout), Ok(()));
             prop_assert_eq!(run_case::<bf16>(dev, seed ^ 1, shape, causal, scale, masks, mag, layout), Ok(()));

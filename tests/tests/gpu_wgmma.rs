@@ -1,6 +1,6 @@
 //! The fragment layout of every `wgmma` shape the Hopper forward and backward use, checked on
-//! the GPU: `wgmma_layout_probe` runs `m64n128k16` and `m64n64k16` (both operands in shared
-//! memory), the same two shapes with A in registers and B transposed, and `m64n64k16` with
+//! the GPU: `wgmma_layout_probe` runs `m64n176k16`, `m64n128k16` and `m64n64k16` (both
+//! operands in shared memory), the same two shapes with A in registers and B transposed, and `m64n64k16` with
 //! both operands transposed, through the kernels' own wrappers, descriptors and tile layout, and every output element must equal the CPU product (exactly up to f32 summation
 //! order: the products of 16-bit values are exact in f32).
 //!
@@ -51,11 +51,14 @@ fn check(
 fn probe<T: Element>(dev: &Device, seed: u64) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (a, a64) = random::<T>(&mut rng, 64 * 64);
-    let (b, b64) = random::<T>(&mut rng, 128 * 64);
+    let (b, b64) = random::<T>(&mut rng, 176 * 64);
     let (p, p64) = random::<T>(&mut rng, 64 * 128);
     let (v, v64) = random::<T>(&mut rng, 128 * 128);
     let out = wgmma_layout_probe(dev, &a, &b, &p, &v).unwrap();
-    // S = A·Bᵀ (B stored [n][k]), S₆₄ its first 64 columns; O = P·V (V stored [k][n]).
+    // S = A·Bᵀ (B stored [n][k]) over 176, 128 and 64 of B's rows; O = P·V (V stored [k][n]).
+    check("S176", &out.s_n176, 64, 176, 64, &a64, |k, j| {
+        b64[j * 64 + k]
+    });
     check("S", &out.s, 64, 128, 64, &a64, |k, j| b64[j * 64 + k]);
     check("S64", &out.s_n64, 64, 64, 64, &a64, |k, j| b64[j * 64 + k]);
     check("O", &out.o, 64, 128, 128, &p64, |k, j| v64[k * 128 + j]);

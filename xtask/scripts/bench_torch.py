@@ -32,12 +32,24 @@ rows on `wgmma` also carry the `mma.sync` path's time on the same shape (`mma_ms
 over ours) and `gemm_fraction`, our TFLOP/s over a bf16 8192^3 torch.matmul timed in the same
 run (`torch_gemm_tflops`).
 
-Usage: bench_torch.py ours.json merged.json [--reps N]
+Paired rounds (`--pair BENCH --rounds R`, forward and backward rows): ours and PyTorch's
+flash and cuDNN backends are timed again R times per row, alternating (BENCH, the
+`flash-attn-bench` binary, restricted to the row's shape, then PyTorch), so both sides of a
+ratio come from the same minutes of the GPU's clock and temperature. The row then reports the
+medians over the rounds (`ours_ms`, `mma_ms`, `torch_{flash,cudnn}_ms`; the sweep's own time
+stays as `sweep_ms`), `rounds`, and the spread of the per-round ratios
+(`ratio_vs_cudnn_rounds`: min, median, max of ours/cuDNN TFLOP/s). The efficient backend is
+timed once; a deterministic backward row keeps its sweep's time (PyTorch's numbers are
+the fast row's medians).
+
+Usage: bench_torch.py ours.json merged.json [--reps N] [--pair BENCH --rounds R]
 """
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 import torch
 import torch.nn.functional as F
@@ -110,6 +122,55 @@ def time_op(op, q, k, v, grad, causal, reps):
         clear_grads(q, k, v)
 
 
+def row_key(r):
+    """A row's shape and op (our sweep's rows are unique by it and `mode`)."""
+    return (r.get("op", "fwd"), r["dtype"], r["b"], r["n"], r["h"], r["d"], r["causal"])
+
+
+def ours_again(bench, row, reps):
+    """Our row timed again by a fresh `flash-attn-bench` restricted to its shape."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        cmd = [
+            bench, "--out", out, "--op", row.get("op", "fwd"), "--mode", row.get("mode", "fast"),
+            "--d", str(row["d"]), "--n", str(row["n"]), "--dtype", row["dtype"],
+            "--causal", str(row["causal"]).lower(), "--reps", str(reps),
+        ]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        again = [r for r in json.load(open(out)) if row_key(r) == row_key(row)]
+    if len(again) != 1:
+        raise SystemExit(f"bench_torch.py: {cmd} gave {len(again)} rows of {row_key(row)}")
+    return again[0]
+
+
+def paired_rounds(row, bench, rounds, timed_torch, reps):
+    """Re-times `row` in `rounds` alternating rounds of ours then PyTorch (flash, cuDNN) and
+    stores the medians and the spread of the per-round ratios (see the module docstring)."""
+    ours, mma, torch_ms, ratios = [], [], {"flash": [], "cudnn": []}, []
+    for _ in range(rounds):
+        again = ours_again(bench, row, reps)
+        ours.append(again["ours_ms"])
+        if again.get("mma_ms"):
+            mma.append(again["mma_ms"])
+        for name in torch_ms:
+            if row.get(f"torch_{name}_ms") is not None:
+                torch_ms[name].append(timed_torch(name))
+        if torch_ms["cudnn"]:
+            ratios.append(torch_ms["cudnn"][-1] / ours[-1])
+    row["sweep_ms"] = row["ours_ms"]
+    row["ours_ms"] = statistics.median(ours)
+    row["ours_tflops"] = tflops(row, row["ours_ms"])
+    if mma:
+        row["mma_ms"] = statistics.median(mma)
+    for name, times in torch_ms.items():
+        if times:
+            row[f"torch_{name}_ms"] = statistics.median(times)
+            row[f"torch_{name}_tflops"] = tflops(row, row[f"torch_{name}_ms"])
+    row["rounds"] = rounds
+    if ratios:
+        row["ratio_vs_cudnn_rounds"] = [min(ratios), statistics.median(ratios), max(ratios)]
+
+
 DECODE_BACKENDS = ("flash", "cudnn")
 
 
@@ -174,7 +235,11 @@ def decode_main(rows, dst, reps, driver):
 
 def main():
     src, dst = sys.argv[1], sys.argv[2]
-    reps = int(sys.argv[sys.argv.index("--reps") + 1]) if "--reps" in sys.argv else 20
+    flag = lambda name: sys.argv[sys.argv.index(name) + 1] if name in sys.argv else None
+    reps = int(flag("--reps") or 20)
+    pair, rounds = flag("--pair"), int(flag("--rounds") or 0)
+    if (pair is None) != (rounds == 0) or rounds < 0:
+        raise SystemExit("bench_torch.py: --pair BENCH and --rounds R (R >= 1) go together")
     rows = json.load(open(src))
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16}
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -188,7 +253,7 @@ def main():
     if rows and all(r.get("op") == "decode" for r in rows):
         return decode_main(rows, dst, reps, driver)
     gemm_tflops = time_gemm(reps)
-    key = lambda r: (r.get("op", "fwd"), r["dtype"], r["b"], r["n"], r["h"], r["d"], r["causal"])
+    key = row_key
     timed = {}
     fast_ms = {key(r): r["ours_ms"] for r in rows if r.get("mode", "fast") == "fast"}
     for row in rows:
@@ -229,6 +294,14 @@ def main():
                 row[f"torch_{name}_ms"] = None
                 row[f"torch_{name}_tflops"] = None
                 row[f"torch_{name}_error"] = str(e).splitlines()[0][:200]
+        if pair:
+            def timed_torch(name):
+                with sdpa_kernel([BACKENDS[name]]):
+                    return time_op(op, q, k, v, grad, row["causal"], reps)
+
+            paired_rounds(row, pair, rounds, timed_torch, reps)
+            if row.get("mode", "fast") == "fast":
+                fast_ms[key(row)] = row["ours_ms"]
         flash = row.get("torch_flash_tflops")
         row["ratio_vs_flash"] = row["ours_tflops"] / flash if flash else None
         row["torch_version"] = torch.__version__

@@ -8,6 +8,8 @@
 #                              # only the forward's Hopper reruns; test-bwd-paths: only the
 #                              # backward's)
 #   bash bundle/run.sh bench   # our forward benchmark, then PyTorch SDPA on the same shapes
+#                              # (BENCH_ROUNDS=R: then R paired rounds per row, see
+#                              # scripts/bench_torch.py)
 #   bash bundle/run.sh masks   # the mask family and varlen, then FlexAttention and SDPA
 #   bash bundle/run.sh dropout # attention dropout at p = 0.1 and 0, then SDPA with dropout
 # Logs and JSON go to $OUT (or bundle/out when OUT is unset).
@@ -31,19 +33,20 @@ case "$what" in
     # On Hopper the forward has two paths (wgmma and mma.sync; the default picks by length):
     # every suite that runs the forward again with each forced, and the forward suite once
     # more on wgmma without ping-pong, and (with varlen) with one block per query tile on the
-    # persistent kernels.
+    # persistent kernels, and with the plain kind's 176-key tiles on every call they cover.
     hopper=0
     nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | grep -q '^9\.0' && hopper=1
     if { [ "$what" = test ] || [ "$what" = test-paths ]; } && [ $hopper = 1 ]; then
-      for run in "wgmma 1 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
-                 "mma 1 1 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
-                 "wgmma 0 1 gpu_forward" \
-                 "wgmma 1 0 gpu_forward gpu_varlen"; do
-        read -r path pingpong persistent suites <<< "$run"
+      for run in "wgmma 1 1 0 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
+                 "mma 1 1 0 gpu_forward gpu_dropout gpu_sparse gpu_tree gpu_varlen" \
+                 "wgmma 0 1 0 gpu_forward" \
+                 "wgmma 1 0 0 gpu_forward gpu_varlen" \
+                 "wgmma 1 1 1 gpu_forward gpu_varlen"; do
+        read -r path pingpong persistent wide suites <<< "$run"
         for suite in $suites; do
-          echo "=== $suite with FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong FLASH_ATTN_WGMMA_PERSISTENT=$persistent"
+          echo "=== $suite with FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong FLASH_ATTN_WGMMA_PERSISTENT=$persistent FLASH_ATTN_WGMMA_WIDE=$wide"
           FLASH_ATTN_FWD=$path FLASH_ATTN_WGMMA_PINGPONG=$pingpong \
-            FLASH_ATTN_WGMMA_PERSISTENT=$persistent \
+            FLASH_ATTN_WGMMA_PERSISTENT=$persistent FLASH_ATTN_WGMMA_WIDE=$wide \
             "$here/tests/$suite-test" --test-threads=4 "$@" 2>&1 \
             | tee -a "$out/test.log" || status=1
         done
@@ -65,7 +68,10 @@ case "$what" in
     export BENCH_DATE=${BENCH_DATE:-$(date -u +%Y-%m-%d)}
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/nvidia-smi.txt"
     "$here/bin/flash-attn-bench" --out "$out/ours.json" "$@" || exit 1
-    python3 "$here/scripts/bench_torch.py" "$out/ours.json" "$out/bench.json" | tee "$out/bench-table.txt"
+    # BENCH_ROUNDS=R: each row timed again R times, ours and PyTorch's alternating (medians).
+    pair=()
+    [ -n "${BENCH_ROUNDS:-}" ] && pair=(--pair "$here/bin/flash-attn-bench" --rounds "$BENCH_ROUNDS")
+    python3 "$here/scripts/bench_torch.py" "$out/ours.json" "$out/bench.json" "${pair[@]}" | tee "$out/bench-table.txt"
     ;;
   masks)
     # The mask family's rows (flash-attn-bench --op masks) beside FlexAttention and SDPA.

@@ -17,13 +17,43 @@ pub(crate) struct FwdKernel {
     pub tile: FwdTile,
 }
 
-/// The forward kernel for a target, element type, head dim, mask and dropout: the registry's
-/// kernel of that mask kind and dropout (see `registry::fwd_kernel`) with the smallest
-/// compiled head dim ≥ `head_dim` (the kernel pads the rest with zeros). With `wgmma` (sm_90a
-/// only), Hopper's `wgmma` kernel of the mask kind and dropout at its own smallest compiled
-/// head dim ≥ `head_dim` replaces it where the registry has one
-/// (`registry::fwd_wgmma_kernel`; whether that pays is [`wgmma_pays`]'s question). Errors:
-/// [`FlashError::DType`] for f32, [`FlashError::HeadDim`] when no kernel covers `head_dim`.
+/// The keys a forward call's query tiles walk, as far as the kernel choice cares: how many
+/// (the longest sequence's), and whether a causal mask or a window cuts them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Keys {
+    /// Keys per sequence (a varlen batch's longest).
+    pub seqlen_k: usize,
+    /// A causal mask or a window.
+    pub causal_or_window: bool,
+    /// Take wide key tiles wherever the kind has them (`FLASH_ATTN_WGMMA_WIDE=1`, a test
+    /// switch: `Device::wgmma_wide_tiles`).
+    pub always_wide: bool,
+}
+
+impl Keys {
+    /// Whether the call gains on key tiles wider than 128 (the plain kind's `wgmma` kernel at
+    /// d = 128 has 176): where the last tile's padding is at most 1/64 of the keys, and under
+    /// a causal mask only from 8K keys. Clock-locked kernel cycles on the H100 (Nsight
+    /// Compute, 176 against 128 keys, docs/perf-notes.md): without a mask 2K and 4K (3 %
+    /// padding) 0.997–1.003×, 8K and 16K 0.977–0.984×; causal 2K 1.014–1.024×, 4K 0.997×,
+    /// 8K 0.990×, 16K 0.979–0.980×. Windows have their own kind and never get here.
+    fn take_wide_tiles(self, block_n: usize) -> bool {
+        let padding = self.seqlen_k.next_multiple_of(block_n) - self.seqlen_k;
+        let long_enough = !self.causal_or_window || self.seqlen_k >= 8192;
+        self.always_wide || (long_enough && padding * 64 <= self.seqlen_k)
+    }
+}
+
+/// The forward kernel for a target, element type, head dim, mask, dropout and key walk: the
+/// registry's kernel of that mask kind and dropout (see `registry::fwd_kernel`) with the
+/// smallest compiled head dim ≥ `head_dim` (the kernel pads the rest with zeros). With
+/// `wgmma` (sm_90a only), Hopper's `wgmma` kernel of the mask kind and dropout at its own
+/// smallest compiled head dim ≥ `head_dim` replaces it where the registry has one
+/// (`registry::fwd_wgmma_kernel`; whether that pays is [`wgmma_pays`]'s question), or the
+/// general kind's kernel where that one has key tiles wider than 128 and `keys` do not gain
+/// on them ([`Keys::take_wide_tiles`]; with no score modifier both compute the same).
+/// Errors: [`FlashError::DType`] for f32, [`FlashError::HeadDim`] when no kernel covers
+/// `head_dim`.
 pub(crate) fn fwd_kernel(
     arch: Arch,
     wgmma: bool,
@@ -31,13 +61,20 @@ pub(crate) fn fwd_kernel(
     head_dim: usize,
     mask: MaskKind,
     dropout: bool,
+    keys: Keys,
 ) -> Result<FwdKernel> {
     let dtype = dtype.kernel()?;
     let Some(k) = registry::fwd_kernel(head_dim, mask, dropout) else {
         return Err(FlashError::HeadDim(head_dim));
     };
     let hopper = registry::fwd_wgmma_kernel(head_dim, mask, dropout)
-        .filter(|_| wgmma && arch == Arch::Sm90a);
+        .filter(|_| wgmma && arch == Arch::Sm90a)
+        .and_then(|h| match h.tile(arch).block_n {
+            n if n > 128 && !keys.take_wide_tiles(n) => {
+                registry::fwd_wgmma_kernel(head_dim, MaskKind::Masked, dropout)
+            }
+            _ => Some(h),
+        });
     let k = hopper.unwrap_or(k);
     Ok(FwdKernel {
         name: k.name(dtype),
@@ -78,12 +115,37 @@ pub(crate) fn wgmma_pays(
 mod tests {
     use super::*;
 
+    /// 4K keys without a causal mask: no kernel of wide key tiles (3 % padding at 176).
+    const LONG: Keys = Keys {
+        seqlen_k: 4096,
+        causal_or_window: false,
+        always_wide: false,
+    };
+
     #[test]
     fn odd_head_dims_run_on_the_next_compiled_kernel() {
-        let k = fwd_kernel(Arch::Sm80, false, DType::BF16, 80, MaskKind::Causal, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm80,
+            false,
+            DType::BF16,
+            80,
+            MaskKind::Causal,
+            false,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_bf16_d96");
         assert_eq!(k.tile.head_dim, 96);
-        let k = fwd_kernel(Arch::Sm90a, false, DType::F16, 1, MaskKind::Causal, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            false,
+            DType::F16,
+            1,
+            MaskKind::Causal,
+            false,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d32");
         let k = fwd_kernel(
             Arch::Sm90a,
@@ -92,40 +154,188 @@ mod tests {
             128,
             MaskKind::Masked,
             false,
+            LONG,
         )
         .unwrap();
         assert_eq!(k.name, "flash_fwd_masked_bf16_d128");
-        let k = fwd_kernel(Arch::Sm90a, false, DType::BF16, 100, MaskKind::Causal, true).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            false,
+            DType::BF16,
+            100,
+            MaskKind::Causal,
+            true,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_masked_dropout_bf16_d128");
     }
 
     #[test]
     fn hopper_takes_the_wgmma_kernel_of_the_same_head_dim() {
-        let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 100, MaskKind::Causal, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            true,
+            DType::BF16,
+            100,
+            MaskKind::Causal,
+            false,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d128");
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
-        let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 64, MaskKind::Sparse, true).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            true,
+            DType::F16,
+            64,
+            MaskKind::Sparse,
+            true,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_sparse_dropout_f16_d64");
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
         // Plain calls at d <= 64 run their own kernel, of three consumer warpgroups; masked
         // ones the general kernel, of two.
-        let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 48, MaskKind::Causal, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            true,
+            DType::BF16,
+            48,
+            MaskKind::Causal,
+            false,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_bf16_d64");
         assert_eq!((k.tile.block_m, k.tile.threads()), (192, 512));
-        let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 64, MaskKind::Masked, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            true,
+            DType::BF16,
+            64,
+            MaskKind::Masked,
+            false,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d64");
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
         // The general mask with dropout at d = 128 has no wgmma kernel (it spills).
-        let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 128, MaskKind::Masked, true).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            true,
+            DType::F16,
+            128,
+            MaskKind::Masked,
+            true,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_masked_dropout_f16_d128");
         // d = 80 pads to 128 on wgmma, d = 200 to 256; sm_80 never takes one.
-        let k = fwd_kernel(Arch::Sm90a, true, DType::F16, 80, MaskKind::Causal, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            true,
+            DType::F16,
+            80,
+            MaskKind::Causal,
+            false,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_f16_d128");
-        let k = fwd_kernel(Arch::Sm90a, true, DType::BF16, 200, MaskKind::Tree, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            true,
+            DType::BF16,
+            200,
+            MaskKind::Tree,
+            false,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_tree_bf16_d256");
         assert_eq!((k.tile.block_n, k.tile.kv_stages), (64, 2));
-        let k = fwd_kernel(Arch::Sm80, true, DType::F16, 64, MaskKind::Causal, false).unwrap();
+        let k = fwd_kernel(
+            Arch::Sm80,
+            true,
+            DType::F16,
+            64,
+            MaskKind::Causal,
+            false,
+            LONG,
+        )
+        .unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d64");
+    }
+
+    #[test]
+    fn plain_calls_take_wide_key_tiles_where_they_pay() {
+        let pick = |n, causal_or_window| {
+            let keys = Keys {
+                seqlen_k: n,
+                causal_or_window,
+                always_wide: false,
+            };
+            fwd_kernel(
+                Arch::Sm90a,
+                true,
+                DType::F16,
+                128,
+                MaskKind::Causal,
+                false,
+                keys,
+            )
+            .unwrap()
+        };
+        let wide = pick(8192, false);
+        assert_eq!(wide.name, "flash_fwd_wgmma_f16_d128");
+        assert_eq!((wide.tile.block_n, wide.tile.kv_stages), (176, 2));
+        // 176 · 30 keys: no padding at all.
+        assert_eq!(pick(5280, false).name, "flash_fwd_wgmma_f16_d128");
+        // Causal calls from 8K keys, with as little padding.
+        assert_eq!(pick(8192, true).name, "flash_fwd_wgmma_f16_d128");
+        assert_eq!(pick(16384, true).name, "flash_fwd_wgmma_f16_d128");
+        for (n, causal) in [
+            (5280, true),
+            (4096, true),
+            (4096, false),
+            (2048, false),
+            (9000, false),
+        ] {
+            let k = pick(n, causal);
+            assert_eq!(k.name, "flash_fwd_wgmma_masked_f16_d128", "{n} {causal}");
+            assert_eq!(k.tile.block_n, 128);
+        }
+        // Only the plain kind has wide tiles; sm_80 never takes them.
+        let keys = Keys {
+            seqlen_k: 8192,
+            causal_or_window: false,
+            always_wide: false,
+        };
+        let k = fwd_kernel(
+            Arch::Sm90a,
+            true,
+            DType::F16,
+            128,
+            MaskKind::Masked,
+            false,
+            keys,
+        );
+        assert_eq!(k.unwrap().tile.block_n, 128);
+        let k = fwd_kernel(
+            Arch::Sm80,
+            true,
+            DType::F16,
+            128,
+            MaskKind::Causal,
+            false,
+            keys,
+        );
+        assert_eq!(k.unwrap().name, "flash_fwd_f16_d128");
     }
 
     #[test]
@@ -148,12 +358,20 @@ mod tests {
     #[test]
     fn f32_and_uncovered_head_dims_are_rejected() {
         assert!(matches!(
-            fwd_kernel(Arch::Sm80, false, DType::F32, 64, MaskKind::Causal, false),
+            fwd_kernel(
+                Arch::Sm80,
+                false,
+                DType::F32,
+                64,
+                MaskKind::Causal,
+                false,
+                LONG
+            ),
             Err(FlashError::DType(_))
         ));
         for d in [0, 257] {
             assert!(matches!(
-                fwd_kernel(Arch::Sm80, false, DType::F16, d, MaskKind::Masked, true),
+                fwd_kernel(Arch::Sm80, false, DType::F16, d, MaskKind::Masked, true, LONG),
                 Err(FlashError::HeadDim(x)) if x == d
             ));
         }

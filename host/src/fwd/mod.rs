@@ -21,7 +21,7 @@ use crate::params::AttnParams;
 use crate::seqs::{gpu_runs, SeqRun, Varlen};
 use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
-use dispatch::{fwd_kernel, wgmma_pays, FwdKernel};
+use dispatch::{fwd_kernel, wgmma_pays, FwdKernel, Keys};
 pub use dropout_mask::flash_attn_dropout_mask;
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use tma::TensorMaps;
@@ -90,6 +90,11 @@ pub fn forward_kernel_name(
     let causal_or_window = params.causal || params.window.is_some();
     let mask = params.mask_kind();
     let long = wgmma_pays(head_dim, seqlen_k, causal_or_window, mask, dropout);
+    let keys = Keys {
+        seqlen_k,
+        causal_or_window,
+        always_wide: dev.wgmma_wide_tiles(),
+    };
     let kernel = fwd_kernel(
         dev.arch(),
         dev.wgmma_forward(long),
@@ -97,6 +102,7 @@ pub fn forward_kernel_name(
         head_dim,
         mask,
         dropout,
+        keys,
     )?;
     Ok(kernel.name)
 }
@@ -199,7 +205,12 @@ impl ForwardCall {
         let causal_or_window = params.causal || params.window.is_some();
         let (mask, dropped) = (params.mask_kind(), dropout.is_some());
         let long = wgmma_pays(d, shape.seqlen_k, causal_or_window, mask, dropped);
-        let pick = |wgmma| fwd_kernel(dev.arch(), wgmma, T::DTYPE, d, mask, dropped);
+        let keys = Keys {
+            seqlen_k: shape.seqlen_k,
+            causal_or_window,
+            always_wide: dev.wgmma_wide_tiles(),
+        };
+        let pick = |wgmma| fwd_kernel(dev.arch(), wgmma, T::DTYPE, d, mask, dropped, keys);
         let (kernel, fallback) = (pick(dev.wgmma_forward(long))?, pick(false)?);
         let scale_log2 = params.kernel_scale_log2(d)?;
         params.check_masks(shape.batch, shape.heads_q)?;

@@ -32,6 +32,14 @@ pub trait Elem {
     unsafe fn wgmma_n128_ss(d: &mut [[f32; 4]; 16], a: u64, b: u64, accumulate: bool);
 
     #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
+    /// `d (+)= A·B` by `wgmma.m64n176k16`, both operands in shared memory (see
+    /// [`ptx::wgmma_m64n176k16_ss_f16`]).
+    ///
+    /// # Safety
+    /// sm_90a only; as the wrapper.
+    unsafe fn wgmma_n176_ss(d: &mut [[f32; 4]; 22], a: u64, b: u64, accumulate: bool);
+
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))]
     /// `d (+)= A·B` by `wgmma.m64n64k16`, both operands in shared memory (see
     /// [`ptx::wgmma_m64n64k16_ss_f16`]).
     ///
@@ -87,6 +95,10 @@ impl Elem for F16 {
         ptx::wgmma_m64n128k16_ss_f16(d, a, b, accumulate)
     }
     #[inline(always)]
+    unsafe fn wgmma_n176_ss(d: &mut [[f32; 4]; 22], a: u64, b: u64, accumulate: bool) {
+        ptx::wgmma_m64n176k16_ss_f16(d, a, b, accumulate)
+    }
+    #[inline(always)]
     unsafe fn wgmma_n64_ss(d: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool) {
         ptx::wgmma_m64n64k16_ss_f16(d, a, b, accumulate)
     }
@@ -120,6 +132,10 @@ impl Elem for Bf16 {
     #[inline(always)]
     unsafe fn wgmma_n128_ss(d: &mut [[f32; 4]; 16], a: u64, b: u64, accumulate: bool) {
         ptx::wgmma_m64n128k16_ss_bf16(d, a, b, accumulate)
+    }
+    #[inline(always)]
+    unsafe fn wgmma_n176_ss(d: &mut [[f32; 4]; 22], a: u64, b: u64, accumulate: bool) {
+        ptx::wgmma_m64n176k16_ss_bf16(d, a, b, accumulate)
     }
     #[inline(always)]
     unsafe fn wgmma_n64_ss(d: &mut [[f32; 4]; 8], a: u64, b: u64, accumulate: bool) {

@@ -4,8 +4,8 @@
 //! compares with a CPU product (`tests/tests/gpu_wgmma.rs`), so a wrong descriptor field,
 //! swizzle or fragment mapping shows up as a wrong element.
 //!
-//! Block: 128 threads (one warpgroup); shared memory A `[64][64]`, B `[128][64]`, V `[128][128]`
-//! in the layout of [`crate::gmma`] (56 KiB, see [`crate::config::PROBE_SMEM_BYTES`]). Sync points: the
+//! Block: 128 threads (one warpgroup); shared memory A `[64][64]`, B `[176][64]`, V `[128][128]`
+//! in the layout of [`crate::gmma`] (62 KiB, see [`crate::config::PROBE_SMEM_BYTES`]). Sync points: the
 //! `cp.async` wait, `fence.proxy.async`, one `bar.sync`, then each product's wait.
 
 use super::elem::Elem;
@@ -20,8 +20,10 @@ const M: usize = 64;
 const K: usize = 64;
 /// Columns of V and O.
 const DV: usize = 128;
-/// Rows of B and V (the columns of S, the reduction of O).
+/// Rows of V and of the `m64n128k16` product's B (the columns of S, the reduction of O).
 const N: usize = 128;
+/// Rows of B (the columns of the `m64n176k16` product's S).
+const N_WIDE: usize = 176;
 
 /// The probe body; see the module docs.
 ///
@@ -33,11 +35,11 @@ pub unsafe fn wgmma_probe<E: Elem>(p: &ProbeParams) {
     let base = ptx::dyn_smem_base();
     let me = ThreadPos::current();
     let a = GmmaTile::<M, K>::at(base);
-    let b = GmmaTile::<N, K>::at(base + GmmaTile::<M, K>::BYTES);
-    let v = GmmaTile::<N, DV>::at(base + GmmaTile::<M, K>::BYTES + GmmaTile::<N, K>::BYTES);
+    let b = GmmaTile::<N_WIDE, K>::at(base + GmmaTile::<M, K>::BYTES);
+    let v = GmmaTile::<N, DV>::at(base + GmmaTile::<M, K>::BYTES + GmmaTile::<N_WIDE, K>::BYTES);
     let rows = |t: u64| t as *const u16;
     a.load_async::<4>(rows(p.a), K as u64, M as u32, K as u32, me.tid);
-    b.load_async::<4>(rows(p.b), K as u64, N as u32, K as u32, me.tid);
+    b.load_async::<4>(rows(p.b), K as u64, N_WIDE as u32, K as u32, me.tid);
     v.load_async::<4>(rows(p.v), DV as u64, N as u32, DV as u32, me.tid);
     ptx::cp_async_commit_group();
     ptx::cp_async_wait_group::<0>();
@@ -48,6 +50,23 @@ pub unsafe fn wgmma_probe<E: Elem>(p: &ProbeParams) {
     // four live at once made ptxas serialize the products for want of registers).
     let pos = FragPos::of(me.lane);
     let row = |r: usize| me.warp as usize * 16 + pos.row(0, r) as usize;
+    // S over all of B's rows by the 176-key product (the plain d = 128 kernel's S), then its
+    // first 128 columns (B's first 128 rows: the same addresses, one column block).
+    let mut s176 = AccTile::<1, { N_WIDE / 8 }>::zero();
+    ptx::wgmma_fence();
+    for ks in 0..K / 16 {
+        E::wgmma_n176_ss(
+            s176.tiles_mut::<22>(0, 0),
+            a.k_major(0, ks),
+            b.k_major(0, ks),
+            ks > 0,
+        );
+    }
+    ptx::wgmma_commit_group();
+    ptx::wgmma_wait_group::<0>();
+    ptx::wgmma_fence_operands(s176.tiles_mut::<22>(0, 0));
+    store(&mut s176, p.s176, N_WIDE, me);
+
     let mut s = AccTile::<1, { N / 8 }>::zero();
     ptx::wgmma_fence();
     for ks in 0..K / 16 {

@@ -47,6 +47,9 @@ pub(super) struct Row {
     /// TFLOP/s of our `mma.sync` forward on the same shape, where the row timed it too (the
     /// `wgmma` rows on Hopper).
     pub mma: Option<f64>,
+    /// The least and greatest of the per-round ours/cuDNN ratios of a row timed in paired
+    /// rounds (`ratio_vs_cudnn_rounds`: min, median, max; see `bench_torch.py --pair`).
+    pub cudnn_rounds: Option<(f64, f64)>,
 }
 
 impl Row {
@@ -104,6 +107,10 @@ impl Row {
             path: text("path"),
             mma: match (num("ours_tflops"), num("ours_ms"), num("mma_ms")) {
                 (Some(t), Some(ms), Some(mma_ms)) if mma_ms > 0.0 => Some(t * ms / mma_ms),
+                _ => None,
+            },
+            cudnn_rounds: match obj.get("ratio_vs_cudnn_rounds").and_then(Value::as_array) {
+                Some(r) if r.len() == 3 => r[0].as_f64().zip(r[2].as_f64()),
                 _ => None,
             },
         })

@@ -69,11 +69,18 @@ fn render_table(rows: &[Row]) -> String {
         s.push_str(" path |");
     }
     s.push_str(" ours TFLOP/s | flash | cuDNN | efficient | ours/flash | ours/cuDNN |");
-    s.push_str(if paths {
-        " mma.sync | ours/mma.sync |\n|:--|--:|--:|:--|:--|--:|--:|--:|--:|--:|--:|--:|--:|\n"
-    } else {
-        "\n|:--|--:|--:|:--|--:|--:|--:|--:|--:|--:|\n"
-    });
+    // Rows timed in paired rounds get the spread of their per-round ratios to cuDNN.
+    let rounds = rows.iter().any(|r| r.cudnn_rounds.is_some());
+    if paths {
+        s.push_str(" mma.sync | ours/mma.sync |");
+    }
+    if rounds {
+        s.push_str(" ours/cuDNN per round |");
+    }
+    s.push_str("\n|:--|--:|--:|:--|");
+    s.push_str(if paths { ":--|" } else { "" });
+    s.push_str(&"--:|".repeat(6 + 2 * paths as usize + rounds as usize));
+    s.push('\n');
     for r in sorted {
         let causal = if r.causal { "yes" } else { "no" };
         let _ = write!(s, "| {} | {} | {} | {causal} |", r.dtype, r.d, r.n);
@@ -97,6 +104,14 @@ fn render_table(rows: &[Row]) -> String {
                 fmt_opt(r.mma, 1),
                 fmt_opt(ratio(r.ours, r.mma), 2)
             );
+        }
+        if rounds {
+            match r.cudnn_rounds {
+                Some((lo, hi)) => {
+                    let _ = write!(s, " {lo:.2}–{hi:.2} |");
+                }
+                None => s.push_str(" n/a |"),
+            }
         }
         s.push('\n');
     }
@@ -270,6 +285,28 @@ mod tests {
             lines[2]
         );
         assert!(lines[2].ends_with("| 102.0 | 2.00 |"), "{}", lines[2]);
+    }
+
+    #[test]
+    fn rows_timed_in_rounds_get_the_spread_column() {
+        let mut r = row("bf16", 128, 4096, false, true);
+        r.cudnn_rounds = Some((0.97, 1.04));
+        let t = render_table(&[r, row("f16", 64, 512, false, true)]);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].ends_with("| ours/cuDNN per round |"),
+            "{}",
+            lines[0]
+        );
+        for line in &lines[1..] {
+            assert_eq!(
+                line.matches('|').count(),
+                lines[0].matches('|').count(),
+                "{line}"
+            );
+        }
+        assert!(lines[2].ends_with("| n/a |"), "{}", lines[2]);
+        assert!(lines[3].ends_with("| 0.97–1.04 |"), "{}", lines[3]);
     }
 
     #[test]

@@ -50,10 +50,16 @@
 //! consumers write the current tile's O. Past the last tile it writes the index alone, and the
 //! consumers stop.
 //!
-//! In a ring of two stages (d = 256, whose tiles leave room for no more) K and V are freed
-//! separately, each as soon as its product completes, so every tile is still requested one
-//! loop step ahead: the K of tile i + 1 and the V of tile i, read in step i, were requested
-//! when step i − 2 freed their halves of the stage. With three stages one barrier frees the
+//! The plain kind's kernel at d = 128 takes 176-key tiles (FlashAttention 3's shape without a
+//! causal mask at that head dim): S is 88 registers per consumer thread, and the per-tile
+//! steps (barriers, row maxima, the rescale test) are spread over more keys. The host runs it
+//! only where that pays (at most 1/64 of the keys padding the last tile, causal calls from 8K
+//! keys); elsewhere plain calls take the general kind's 128-key kernel.
+//!
+//! In a ring of two stages (d = 256, and the 176-key tiles at d = 128, whose tiles leave room
+//! for no more) K and V are freed separately, each as soon as its product completes, so every
+//! tile is still requested one loop step ahead: the K of tile i + 1 and the V of tile i, read
+//! in step i, were requested when step i − 2 freed their halves of the stage. With three stages one barrier frees the
 //! stage (`v_empty` is `k_empty`) at the end of the step that reads its V.
 //!
 //! Shared memory (dynamic, 1024-byte aligned, [`crate::config::FwdTile::smem_bytes`]): Q
@@ -111,9 +117,9 @@ pub const BARRIER_BYTES: usize = crate::config::TMA_BARRIER_BYTES;
 
 /// The forward kernel body on TMA and `wgmma`; see the module docs. Const parameters: `D`
 /// compiled head dim (a multiple of 64), `BM` query rows per block (128 or 192: two or three
-/// consumer warpgroups), `BN` keys per tile (64 or 128: the `m64n64k16` or
-/// `m64n128k16` product of S), `D_TILES = D/8`, `N_TILES = BN/8`, `STAGES` (2 or 3),
-/// `DROPOUT`.
+/// consumer warpgroups), `BN` keys per tile (64, 128 or 176: the `m64n64k16`,
+/// `m64n128k16` or `m64n176k16` product of S), `D_TILES = D/8`, `N_TILES = BN/8`, `STAGES`
+/// (2 or 3), `DROPOUT`.
 ///
 /// # Safety
 /// sm_90a only. Launched with grid `(ceil(seqlen_q / BM), heads_q, batch)`, `128 + 2·BM`
@@ -137,7 +143,7 @@ pub unsafe fn flash_fwd_wgmma<
 ) {
     const {
         assert!(D % BLOCK_COLS == 0 && D_TILES * 8 == D && N_TILES * 8 == BN);
-        assert!(BN == 64 || BN == 128);
+        assert!(BN == 64 || BN == 128 || BN == 176);
         assert!(BM == 128 || BM == 192);
         assert!(STAGES >= 2 && STAGES <= 3); // step i reads K of tile i + 1 and V of tile i
         assert!(BARRIER_BYTES >= 8 * (1 + 4 * 3) + 16);
@@ -978,10 +984,10 @@ impl<
         let k = self.layout.stage(ring::<STAGES>(self.ring0 + i).0).0;
         for ks in 0..D / 16 {
             let (a, b) = (q.k_major(self.wg_m0, ks), k.k_major(0, ks));
-            if BN == 128 {
-                E::wgmma_n128_ss(s.tiles_mut::<16>(0, 0), a, b, ks > 0);
-            } else {
-                E::wgmma_n64_ss(s.tiles_mut::<8>(0, 0), a, b, ks > 0);
+            match BN {
+                176 => E::wgmma_n176_ss(s.tiles_mut::<22>(0, 0), a, b, ks > 0),
+                128 => E::wgmma_n128_ss(s.tiles_mut::<16>(0, 0), a, b, ks > 0),
+                _ => E::wgmma_n64_ss(s.tiles_mut::<8>(0, 0), a, b, ks > 0),
             }
         }
         ptx::wgmma_commit_group();
