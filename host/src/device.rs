@@ -96,15 +96,15 @@ impl Device {
     /// `FLASH_ATTN_BWD=mma` the backward's `mma.sync` kernels there (see [`BackwardPath`]), and
     /// `FLASH_ATTN_WGMMA_PINGPONG=0` the `wgmma` kernels' schedule without turns, and
     /// `FLASH_ATTN_WGMMA_PERSISTENT=0` one block per query tile on the persistent ones, and
-    /// `FLASH_ATTN_WGMMA_WIDE=1` the plain kind's kernel of 176-key tiles on every call it
-    /// covers (see [`Device::wgmma_wide_tiles`]), for testing. Raises the release threshold of the device's default memory pool (where
-    /// cudarc's allocations come from) from 0 to unlimited, unless something set it already
-    /// or `FLASH_ATTN_POOL_RETAIN=0`: freed memory then stays in the pool for the next
-    /// allocation of the process instead of being unmapped at every synchronisation and
-    /// mapped again by the next call (about 0.25 ms per backward call on an H100); see
-    /// [`Device::release_freed_memory`]. Fails
-    /// with [`FlashError::NoDevice`] when there is no driver or no such device, and with
-    /// [`FlashError::UnsupportedDevice`] below compute capability 8.0.
+    /// `FLASH_ATTN_WGMMA_WIDE=1` the plain kind's kernel of 176-key tiles on every call it covers
+    /// (see [`Device::wgmma_wide_tiles`]), for testing. Raises the release threshold of the
+    /// device's default memory pool (where cudarc's allocations come from) from 0 to unlimited,
+    /// unless something set it already or `FLASH_ATTN_POOL_RETAIN=0`: freed memory then stays in
+    /// the pool for the next allocation of the process instead of being unmapped at every
+    /// synchronisation and mapped again by the next call (about 0.25 ms per backward call on an
+    /// H100); see [`Device::release_freed_memory`]. Fails with [`FlashError::NoDevice`] when there
+    /// is no driver or no such device, and with [`FlashError::UnsupportedDevice`] below compute
+    /// capability 8.0.
     pub fn new(ordinal: usize) -> Result<Self> {
         let count = device_count()?;
         if ordinal >= count {

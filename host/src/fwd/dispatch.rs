@@ -116,181 +116,83 @@ mod tests {
     use super::*;
 
     /// 4K keys without a causal mask: no kernel of wide key tiles (3 % padding at 176).
-    const LONG: Keys = Keys {
-        seqlen_k: 4096,
-        causal_or_window: false,
-        always_wide: false,
-    };
+    const LONG: Keys = keys(4096, false, false);
+
+    const fn keys(seqlen_k: usize, causal_or_window: bool, always_wide: bool) -> Keys {
+        Keys {
+            seqlen_k,
+            causal_or_window,
+            always_wide,
+        }
+    }
+
+    /// [`fwd_kernel`] for a call over [`LONG`] keys.
+    fn long(
+        arch: Arch,
+        wgmma: bool,
+        dtype: DType,
+        head_dim: usize,
+        mask: MaskKind,
+        dropout: bool,
+    ) -> Result<FwdKernel> {
+        fwd_kernel(arch, wgmma, dtype, head_dim, mask, dropout, LONG)
+    }
 
     #[test]
     fn odd_head_dims_run_on_the_next_compiled_kernel() {
-        let k = fwd_kernel(
-            Arch::Sm80,
-            false,
-            DType::BF16,
-            80,
-            MaskKind::Causal,
-            false,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm80, false, DType::BF16, 80, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_bf16_d96");
         assert_eq!(k.tile.head_dim, 96);
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            false,
-            DType::F16,
-            1,
-            MaskKind::Causal,
-            false,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, false, DType::F16, 1, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d32");
-        let k = fwd_kernel(
+        let k = long(
             Arch::Sm90a,
             false,
             DType::BF16,
             128,
             MaskKind::Masked,
             false,
-            LONG,
         )
         .unwrap();
         assert_eq!(k.name, "flash_fwd_masked_bf16_d128");
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            false,
-            DType::BF16,
-            100,
-            MaskKind::Causal,
-            true,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, false, DType::BF16, 100, MaskKind::Causal, true).unwrap();
         assert_eq!(k.name, "flash_fwd_masked_dropout_bf16_d128");
     }
 
     #[test]
     fn hopper_takes_the_wgmma_kernel_of_the_same_head_dim() {
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            true,
-            DType::BF16,
-            100,
-            MaskKind::Causal,
-            false,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, true, DType::BF16, 100, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d128");
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            true,
-            DType::F16,
-            64,
-            MaskKind::Sparse,
-            true,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, true, DType::F16, 64, MaskKind::Sparse, true).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_sparse_dropout_f16_d64");
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
         // Plain calls at d <= 64 run their own kernel, of three consumer warpgroups; masked
         // ones the general kernel, of two.
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            true,
-            DType::BF16,
-            48,
-            MaskKind::Causal,
-            false,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, true, DType::BF16, 48, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_bf16_d64");
         assert_eq!((k.tile.block_m, k.tile.threads()), (192, 512));
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            true,
-            DType::BF16,
-            64,
-            MaskKind::Masked,
-            false,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, true, DType::BF16, 64, MaskKind::Masked, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d64");
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
         // The general mask with dropout at d = 128 has no wgmma kernel (it spills).
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            true,
-            DType::F16,
-            128,
-            MaskKind::Masked,
-            true,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, true, DType::F16, 128, MaskKind::Masked, true).unwrap();
         assert_eq!(k.name, "flash_fwd_masked_dropout_f16_d128");
         // d = 80 pads to 128 on wgmma, d = 200 to 256; sm_80 never takes one.
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            true,
-            DType::F16,
-            80,
-            MaskKind::Causal,
-            false,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, true, DType::F16, 80, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_f16_d128");
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            true,
-            DType::BF16,
-            200,
-            MaskKind::Tree,
-            false,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm90a, true, DType::BF16, 200, MaskKind::Tree, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_tree_bf16_d256");
         assert_eq!((k.tile.block_n, k.tile.kv_stages), (64, 2));
-        let k = fwd_kernel(
-            Arch::Sm80,
-            true,
-            DType::F16,
-            64,
-            MaskKind::Causal,
-            false,
-            LONG,
-        )
-        .unwrap();
+        let k = long(Arch::Sm80, true, DType::F16, 64, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d64");
     }
 
     #[test]
     fn plain_calls_take_wide_key_tiles_where_they_pay() {
-        let pick = |n, causal_or_window| {
-            let keys = Keys {
-                seqlen_k: n,
-                causal_or_window,
-                always_wide: false,
-            };
-            fwd_kernel(
-                Arch::Sm90a,
-                true,
-                DType::F16,
-                128,
-                MaskKind::Causal,
-                false,
-                keys,
-            )
-            .unwrap()
-        };
+        let at =
+            |arch, mask, keys| fwd_kernel(arch, true, DType::F16, 128, mask, false, keys).unwrap();
+        let pick = |n, causal| at(Arch::Sm90a, MaskKind::Causal, keys(n, causal, false));
         let wide = pick(8192, false);
         assert_eq!(wide.name, "flash_fwd_wgmma_f16_d128");
         assert_eq!((wide.tile.block_n, wide.tile.kv_stages), (176, 2));
@@ -311,31 +213,15 @@ mod tests {
             assert_eq!(k.tile.block_n, 128);
         }
         // Only the plain kind has wide tiles; sm_80 never takes them.
-        let keys = Keys {
-            seqlen_k: 8192,
-            causal_or_window: false,
-            always_wide: false,
-        };
-        let k = fwd_kernel(
-            Arch::Sm90a,
-            true,
-            DType::F16,
-            128,
-            MaskKind::Masked,
-            false,
-            keys,
+        let long = keys(8192, false, false);
+        assert_eq!(at(Arch::Sm90a, MaskKind::Masked, long).tile.block_n, 128);
+        assert_eq!(
+            at(Arch::Sm80, MaskKind::Causal, long).name,
+            "flash_fwd_f16_d128"
         );
-        assert_eq!(k.unwrap().tile.block_n, 128);
-        let k = fwd_kernel(
-            Arch::Sm80,
-            true,
-            DType::F16,
-            128,
-            MaskKind::Causal,
-            false,
-            keys,
-        );
-        assert_eq!(k.unwrap().name, "flash_fwd_f16_d128");
+        // The test switch: wide tiles on any keys, causal included.
+        let short = keys(100, true, true);
+        assert_eq!(at(Arch::Sm90a, MaskKind::Causal, short).tile.block_n, 176);
     }
 
     #[test]
@@ -358,20 +244,12 @@ mod tests {
     #[test]
     fn f32_and_uncovered_head_dims_are_rejected() {
         assert!(matches!(
-            fwd_kernel(
-                Arch::Sm80,
-                false,
-                DType::F32,
-                64,
-                MaskKind::Causal,
-                false,
-                LONG
-            ),
+            long(Arch::Sm80, false, DType::F32, 64, MaskKind::Causal, false),
             Err(FlashError::DType(_))
         ));
         for d in [0, 257] {
             assert!(matches!(
-                fwd_kernel(Arch::Sm80, false, DType::F16, d, MaskKind::Masked, true, LONG),
+                long(Arch::Sm80, false, DType::F16, d, MaskKind::Masked, true),
                 Err(FlashError::HeadDim(x)) if x == d
             ));
         }
