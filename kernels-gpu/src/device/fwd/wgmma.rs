@@ -45,7 +45,9 @@
 //! row, longest first under a causal mask; heads and sequences after), so the tiles in flight
 //! stay as close together as the hardware's block order kept them. The producer's warp 0
 //! (lane 0 issuing) writes each tile's index into a shared slot before `q_full`, waits on
-//! `q_empty` (every consumer warp arrives after its key loop) before the next tile's Q, and
+//! `q_empty` (every consumer warp arrives once its warpgroup is done reading Q: after its
+//! last S = Q·Kᵀ of the tile, or with three consumer warpgroups after the softmax that may
+//! compute that S again; before the last P·V and O store) before the next tile's Q, and
 //! runs the K/V ring on across tiles: the next tile's Q and first K/V load while the
 //! consumers write the current tile's O. Past the last tile it writes the index alone, and the
 //! consumers stop.
@@ -301,7 +303,8 @@ unsafe fn produce_tiles<
 }
 
 /// The consumers of a persistent block: for each query tile the producer announces (its
-/// index in the slot once `q_full` completes), the key loop, `q_empty`, then O and LSE.
+/// index in the slot once `q_full` completes), the key loop (which frees Q, `q_empty`, once
+/// done reading it), then O and LSE.
 #[inline(always)]
 unsafe fn consume_tiles<
     E: Elem,
@@ -620,7 +623,9 @@ unsafe fn produce<
 /// two consumer warpgroups, [`consume_in_turn`] with three), then O and LSE; returns the key
 /// tiles it read. `me` counts threads and warps from the first consumer; Q is the `q_full`
 /// phase of parity `q_phase`, the first key tile the ring's `ring0`-th. In a persistent block
-/// each warp then frees Q (`q_empty`) before its O and LSE are stored.
+/// each warp frees Q (`q_empty`) as soon as its warpgroup is done reading it (in the loops:
+/// after the last S = Q·Kᵀ, or the softmax that may compute it again; here for a tile
+/// without keys), so the next tile's Q loads during the last P·V and the O and LSE stores.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn consume<
@@ -665,6 +670,7 @@ unsafe fn consume<
             rng: rng_for(&p.dropout, block.batch, block.head, p.dims.heads_q),
             scale: p.scale_log2.abs(),
             ring0,
+            frees_q: PERSISTENT,
             elem: PhantomData,
         };
         ptx::mbarrier_wait(layout.bars().q_full(), q_phase);
@@ -705,8 +711,8 @@ unsafe fn consume<
             pipe.release_v(tiles - 1);
         }
     }
-    if PERSISTENT {
-        // Every product that read Q has completed (the loops end waiting for all).
+    if PERSISTENT && first.is_none() {
+        // No product read Q (the loops free it after their last S = Q·Kᵀ).
         ptx::mbarrier_arrive_if(layout.bars().q_empty(), me.lane == 0);
     }
     let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
@@ -758,6 +764,7 @@ unsafe fn consume_overlapped<
     pipe.softmax(&mut s, softmax, first); // O is still zero: nothing to rescale
     let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
     let mut next = mask.next_key_tile(row0, bm, bn, first);
+    pipe.release_q(next.is_none()); // a one-tile query tile: after its softmax
     if next.is_some() {
         turns.start();
     }
@@ -777,6 +784,7 @@ unsafe fn consume_overlapped<
         turns.pass(after.is_none());
         ptx::wgmma_wait_group::<1>();
         ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+        pipe.release_q(after.is_none());
         if early_k {
             pipe.release_k(i + 1);
         }
@@ -841,6 +849,7 @@ unsafe fn consume_in_turn<
         pipe.wait_v(i);
         turns.wait();
         turns.pass(after.is_none());
+        pipe.release_q(after.is_none()); // this warpgroup reads no Q in this query tile
         if i > 0 {
             pipe.release_v(i - 1);
         }
@@ -872,6 +881,8 @@ unsafe fn consume_in_turn<
         }
         // P·V of tile i − 1 is in; the warpgroup's first tile sets the reference points.
         let p_cur = pipe.probabilities(&mut s, softmax, o, n, i, i > skipped);
+        // Q is free only now: a softmax at the reference points may compute S again.
+        pipe.release_q(after.is_none());
         pipe.wait_v(i);
         ptx::wgmma_fence();
         pipe.issue_pv(o, &p_cur, i);
@@ -911,6 +922,10 @@ struct Pipeline<
     scale: f32,
     /// The ring's count at the query tile's first key tile (0 but in persistent blocks).
     ring0: u32,
+    /// Whether the warps free Q (`q_empty`) once done reading it, before the last P·V
+    /// (persistent blocks, in which the producer then loads the next query tile's Q while
+    /// the warps finish this one).
+    frees_q: bool,
     elem: PhantomData<E>,
 }
 
@@ -960,6 +975,18 @@ impl<
     unsafe fn release_k(&self, i: u32) {
         let bar = self.layout.bars().k_empty(ring::<STAGES>(self.ring0 + i).0);
         ptx::mbarrier_arrive_if(bar, self.lane == 0);
+    }
+
+    /// Frees Q for the next query tile's load (in persistent blocks; `frees_q` is a constant
+    /// there) where `last`: once the warpgroup's last S = Q·Kᵀ completed (Q's one reader,
+    /// but for [`Self::recompute_s`]: the loop of three calls it after the softmax).
+    /// Predicated, like [`Self::release_k`], so no branch sits among the `wgmma`s.
+    #[inline(always)]
+    unsafe fn release_q(&self, last: bool) {
+        if self.frees_q {
+            let bar = self.layout.bars().q_empty();
+            ptx::mbarrier_arrive_if(bar, last && self.lane == 0);
+        }
     }
 
     /// As [`Self::release_k`], for the V tile of loop tile `i` (and its K, in a ring of three).
