@@ -712,7 +712,7 @@ unsafe fn consume<
         }
     }
     if PERSISTENT && first.is_none() {
-        // No product read Q (the loops free it after their last S = Q·Kᵀ).
+        // No product read Q (the loops free it once done reading it).
         ptx::mbarrier_arrive_if(layout.bars().q_empty(), me.lane == 0);
     }
     let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
