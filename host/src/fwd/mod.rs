@@ -87,6 +87,21 @@ pub fn forward_kernel_name(
     params: &AttnParams,
 ) -> Result<&'static str> {
     let dropout = params.active_dropout()?.is_some();
+    let (kernel, _) = call_kernels(dev, dtype, head_dim, seqlen_k, params, dropout)?;
+    Ok(kernel.name)
+}
+
+/// The forward kernels of a call on `dev` (element type `dtype`, head dim `head_dim`,
+/// `seqlen_k` keys, the mask of `params`, with or without dropout): the one it runs (on
+/// Hopper the `wgmma` kernel where that pays) and the `mma.sync` kernel of the same call.
+fn call_kernels(
+    dev: &Device,
+    dtype: crate::DType,
+    head_dim: usize,
+    seqlen_k: usize,
+    params: &AttnParams,
+    dropout: bool,
+) -> Result<(FwdKernel, FwdKernel)> {
     let causal_or_window = params.causal || params.window.is_some();
     let mask = params.mask_kind();
     let long = wgmma_pays(head_dim, seqlen_k, causal_or_window, mask, dropout);
@@ -95,16 +110,8 @@ pub fn forward_kernel_name(
         causal_or_window,
         always_wide: dev.wgmma_wide_tiles(),
     };
-    let kernel = fwd_kernel(
-        dev.arch(),
-        dev.wgmma_forward(long),
-        dtype,
-        head_dim,
-        mask,
-        dropout,
-        keys,
-    )?;
-    Ok(kernel.name)
+    let pick = |wgmma| fwd_kernel(dev.arch(), wgmma, dtype, head_dim, mask, dropout, keys);
+    Ok((pick(dev.wgmma_forward(long))?, pick(false)?))
 }
 
 /// Forward attention over a packed batch of variable-length sequences ([`Varlen`]): Q
@@ -202,16 +209,8 @@ impl ForwardCall {
     ) -> Result<Self> {
         let d = shape.head_dim;
         let dropout = params.active_dropout()?;
-        let causal_or_window = params.causal || params.window.is_some();
-        let (mask, dropped) = (params.mask_kind(), dropout.is_some());
-        let long = wgmma_pays(d, shape.seqlen_k, causal_or_window, mask, dropped);
-        let keys = Keys {
-            seqlen_k: shape.seqlen_k,
-            causal_or_window,
-            always_wide: dev.wgmma_wide_tiles(),
-        };
-        let pick = |wgmma| fwd_kernel(dev.arch(), wgmma, T::DTYPE, d, mask, dropped, keys);
-        let (kernel, fallback) = (pick(dev.wgmma_forward(long))?, pick(false)?);
+        let (kernel, fallback) =
+            call_kernels(dev, T::DTYPE, d, shape.seqlen_k, params, dropout.is_some())?;
         let scale_log2 = params.kernel_scale_log2(d)?;
         params.check_masks(shape.batch, shape.heads_q)?;
         params.check_bit_masks(shape)?;

@@ -15,10 +15,10 @@
 //! drawn below. Three (`BM = 192`, at d = 64, where two leave the tensor cores idle) have
 //! 160 registers each, too few to hold S, P and O at once: each runs its products and its
 //! softmax in turn (issue P·Vᵢ, then S = Q·Kᵢ₊₁ᵀ, wait for both, softmax, rescale O), and
-//! the other two warpgroups' products cover its softmax ([`consume_in_turn`]); each masks by
-//! its own rows and skips the leading key tiles none of them sees (a causal 192-row block's
-//! first warpgroups end one or two 128-key tiles before its last). After its first key tile,
-//! each of the three takes the softmax at its rows' reference points first
+//! the other two warpgroups' products cover its softmax ([`Pipeline::consume_in_turn`]);
+//! each masks by its own rows and skips the leading key tiles none of them sees (a causal
+//! 192-row block's first warpgroups end one or two 128-key tiles before its last). After its
+//! first key tile, each of the three takes the softmax at its rows' reference points first
 //! (`Pipeline::AT_REFERENCE`), and only where one of its rows' maxima moves past the lazy
 //! threshold (a vote at its named barrier) multiplies S again and takes the full softmax.
 //!
@@ -619,9 +619,9 @@ unsafe fn produce<
     j
 }
 
-/// A consumer warpgroup's part: the key loop over its 64 rows ([`consume_overlapped`] with
-/// two consumer warpgroups, [`consume_in_turn`] with three), then O and LSE; returns the key
-/// tiles it read. `me` counts threads and warps from the first consumer; Q is the `q_full`
+/// A consumer warpgroup's part: the key loop over its 64 rows
+/// ([`Pipeline::consume_overlapped`] with two consumer warpgroups,
+/// [`Pipeline::consume_in_turn`] with three), then O and LSE; returns the key tiles it read. `me` counts threads and warps from the first consumer; Q is the `q_full`
 /// phase of parity `q_phase`, the first key tile the ring's `ring0`-th. In a persistent block
 /// each warp frees Q (`q_empty`) as soon as its warpgroup is done reading it (in the loops:
 /// after the last S = Q·Kᵀ, or the softmax that may compute it again; here for a tile
@@ -689,21 +689,9 @@ unsafe fn consume<
             count: (BM / WG_ROWS) as u32,
         };
         tiles = if BM == 2 * WG_ROWS {
-            consume_overlapped::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
-                &pipe,
-                first,
-                turns,
-                &mut o,
-                &mut softmax,
-            )
+            pipe.consume_overlapped::<D_TILES, N_TILES>(first, turns, &mut o, &mut softmax)
         } else {
-            consume_in_turn::<E, M, D, BM, BN, D_TILES, N_TILES, STAGES, DROPOUT>(
-                &pipe,
-                first,
-                turns,
-                &mut o,
-                &mut softmax,
-            )
+            pipe.consume_in_turn::<D_TILES, N_TILES>(first, turns, &mut o, &mut softmax)
         };
         if PERSISTENT {
             // The loops leave the last tile's stage held (a one-tile block ends there); the
@@ -727,174 +715,6 @@ unsafe fn consume<
         store_output::<E, M, 1, D_TILES>(p, block, mask, first_row, &o, &softmax, o_scale, lane);
     }
     tiles
-}
-
-/// The key loop of two consumer warpgroups (see the module docs' drawing): the softmax of
-/// tile i + 1 runs while the warpgroup's own P·V of tile i does, and, taking turns, while the
-/// other warpgroup's products do.
-#[inline(always)]
-unsafe fn consume_overlapped<
-    E: Elem,
-    M: AttnMask,
-    const D: usize,
-    const BM: usize,
-    const BN: usize,
-    const D_TILES: usize,
-    const N_TILES: usize,
-    const STAGES: usize,
-    const DROPOUT: bool,
->(
-    pipe: &Pipeline<'_, E, M, D, BM, BN, STAGES, DROPOUT>,
-    first: u32,
-    turns: Turns,
-    o: &mut AccTile<1, D_TILES>,
-    softmax: &mut OnlineSoftmax<1>,
-) -> u32 {
-    let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
-    let (mask, row0, bm, bn) = (pipe.mask, pipe.row0, BM as u32, BN as u32);
-    let mut s = AccTile::<1, N_TILES>::zero();
-    pipe.wait_k(0);
-    ptx::wgmma_fence();
-    pipe.issue_s(&mut s, 0);
-    ptx::wgmma_wait_group::<0>();
-    ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
-    if early_k {
-        pipe.release_k(0);
-    }
-    pipe.softmax(&mut s, softmax, first); // O is still zero: nothing to rescale
-    let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
-    let mut next = mask.next_key_tile(row0, bm, bn, first);
-    pipe.release_q(next.is_none()); // a one-tile query tile: after its softmax
-    if next.is_some() {
-        turns.start();
-    }
-    // Tile `i` has its P in `p_cur`; tile `i + 1` is `next`.
-    let mut i = 0u32;
-    while let Some(n) = next {
-        let after = mask.next_key_tile(row0, bm, bn, n);
-        // S of tile i + 1 and O += P·V of tile i, both on the tensor cores; the softmax of
-        // tile i + 1 runs while the second product does (and, taking turns, while the
-        // other warpgroup's products do).
-        pipe.wait_k(i + 1);
-        pipe.wait_v(i);
-        turns.wait();
-        ptx::wgmma_fence();
-        pipe.issue_s(&mut s, i + 1);
-        pipe.issue_pv(o, &p_cur, i);
-        turns.pass(after.is_none());
-        ptx::wgmma_wait_group::<1>();
-        ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
-        pipe.release_q(after.is_none());
-        if early_k {
-            pipe.release_k(i + 1);
-        }
-        let factor = pipe.softmax(&mut s, softmax, n);
-        ptx::wgmma_wait_group::<0>();
-        ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
-        pipe.release_v(i);
-        if let Some(factor) = factor {
-            o.scale_rows(&factor); // O ·= 2^(m − m'), now that P·V of tile i is in
-        }
-        p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
-        i += 1;
-        next = after;
-    }
-    pipe.wait_v(i);
-    ptx::wgmma_fence();
-    pipe.issue_pv(o, &p_cur, i);
-    ptx::wgmma_wait_group::<0>();
-    ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
-    i + 1
-}
-
-/// The key loop of three consumer warpgroups: a warpgroup's products and its softmax run in
-/// turn, so only S and O are live through the softmax (P exists from the softmax's end until
-/// its P·V completes). Per tile `i`, in the warpgroup's turn: issue S = Q·Kᵢᵀ (P·Vᵢ₋₁,
-/// issued at the end of the previous step, runs ahead of it); wait for both; free the
-/// stage of tile i − 1 (and, in a ring of two, K of tile i); Pᵢ ← softmax; O ·= rescale;
-/// issue O += Pᵢ·Vᵢ. Each warpgroup masks by its own 64 rows and passes its turn without a
-/// product at the block's leading tiles none of them sees ([`Pipeline::own_rows`]).
-#[inline(always)]
-unsafe fn consume_in_turn<
-    E: Elem,
-    M: AttnMask,
-    const D: usize,
-    const BM: usize,
-    const BN: usize,
-    const D_TILES: usize,
-    const N_TILES: usize,
-    const STAGES: usize,
-    const DROPOUT: bool,
->(
-    pipe: &Pipeline<'_, E, M, D, BM, BN, STAGES, DROPOUT>,
-    first: u32,
-    turns: Turns,
-    o: &mut AccTile<1, D_TILES>,
-    softmax: &mut OnlineSoftmax<1>,
-) -> u32 {
-    let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
-    let (mask, row0, bm, bn) = (pipe.mask, pipe.row0, BM as u32, BN as u32);
-    let mut s = AccTile::<1, N_TILES>::zero();
-    turns.start();
-    let (mut n, mut i) = (first, 0u32);
-    // The block's leading key tiles that none of this warpgroup's rows see (under a causal
-    // mask, the last one or two for the first 64 or 128 rows; every tile for rows past the
-    // sequence): no product, only the turn, and the stages freed as the loop below frees
-    // them (V one tile later), each after its loads landed (an arrival before then would
-    // count towards the stage's previous use).
-    let (own_row0, own_rows) = pipe.own_rows();
-    while own_row0 >= mask.seqlen_q() || !mask.visits_key_tile(own_row0, own_rows, n, bn) {
-        let after = mask.next_key_tile(row0, bm, bn, n);
-        pipe.wait_k(i);
-        pipe.wait_v(i);
-        turns.wait();
-        turns.pass(after.is_none());
-        pipe.release_q(after.is_none()); // this warpgroup reads no Q in this query tile
-        if i > 0 {
-            pipe.release_v(i - 1);
-        }
-        if early_k {
-            pipe.release_k(i);
-        }
-        match after {
-            Some(next) => n = next,
-            None => return i + 1, // the last stage stays held, as after the loop below
-        }
-        i += 1;
-    }
-    let skipped = i;
-    loop {
-        let after = mask.next_key_tile(row0, bm, bn, n);
-        pipe.wait_k(i);
-        turns.wait();
-        ptx::wgmma_fence();
-        pipe.issue_s(&mut s, i);
-        turns.pass(after.is_none());
-        ptx::wgmma_wait_group::<0>();
-        ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
-        ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
-        if i > 0 {
-            pipe.release_v(i - 1);
-        }
-        if early_k {
-            pipe.release_k(i);
-        }
-        // P·V of tile i − 1 is in; the warpgroup's first tile sets the reference points.
-        let p_cur = pipe.probabilities(&mut s, softmax, o, n, i, i > skipped);
-        // Q is free only now: a softmax at the reference points may compute S again.
-        pipe.release_q(after.is_none());
-        pipe.wait_v(i);
-        ptx::wgmma_fence();
-        pipe.issue_pv(o, &p_cur, i);
-        match after {
-            Some(next) => n = next,
-            None => break,
-        }
-        i += 1;
-    }
-    ptx::wgmma_wait_group::<0>();
-    ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
-    i + 1
 }
 
 /// What a consumer thread needs to run the key loop: the shared-memory layout, its rows, the
@@ -1166,5 +986,153 @@ impl<
         }
         tile.scores_to_probabilities::<MASKED, DROPOUT, NT>(s, softmax, o, tuning);
         PackedTile::<1, NT>::pack::<E>(s)
+    }
+
+    /// The key loop of two consumer warpgroups (see the module docs' drawing): the softmax of
+    /// tile i + 1 runs while the warpgroup's own P·V of tile i does, and, taking turns, while the
+    /// other warpgroup's products do.
+    #[inline(always)]
+    unsafe fn consume_overlapped<const D_TILES: usize, const N_TILES: usize>(
+        &self,
+        first: u32,
+        turns: Turns,
+        o: &mut AccTile<1, D_TILES>,
+        softmax: &mut OnlineSoftmax<1>,
+    ) -> u32 {
+        let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
+        let (mask, row0, bm, bn) = (self.mask, self.row0, BM as u32, BN as u32);
+        let mut s = AccTile::<1, N_TILES>::zero();
+        self.wait_k(0);
+        ptx::wgmma_fence();
+        self.issue_s(&mut s, 0);
+        ptx::wgmma_wait_group::<0>();
+        ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+        if early_k {
+            self.release_k(0);
+        }
+        self.softmax(&mut s, softmax, first); // O is still zero: nothing to rescale
+        let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+        let mut next = mask.next_key_tile(row0, bm, bn, first);
+        self.release_q(next.is_none()); // a one-tile query tile: after its softmax
+        if next.is_some() {
+            turns.start();
+        }
+        // Tile `i` has its P in `p_cur`; tile `i + 1` is `next`.
+        let mut i = 0u32;
+        while let Some(n) = next {
+            let after = mask.next_key_tile(row0, bm, bn, n);
+            // S of tile i + 1 and O += P·V of tile i, both on the tensor cores; the softmax of
+            // tile i + 1 runs while the second product does (and, taking turns, while the
+            // other warpgroup's products do).
+            self.wait_k(i + 1);
+            self.wait_v(i);
+            turns.wait();
+            ptx::wgmma_fence();
+            self.issue_s(&mut s, i + 1);
+            self.issue_pv(o, &p_cur, i);
+            turns.pass(after.is_none());
+            ptx::wgmma_wait_group::<1>();
+            ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+            self.release_q(after.is_none());
+            if early_k {
+                self.release_k(i + 1);
+            }
+            let factor = self.softmax(&mut s, softmax, n);
+            ptx::wgmma_wait_group::<0>();
+            ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+            self.release_v(i);
+            if let Some(factor) = factor {
+                o.scale_rows(&factor); // O ·= 2^(m − m'), now that P·V of tile i is in
+            }
+            p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+            i += 1;
+            next = after;
+        }
+        self.wait_v(i);
+        ptx::wgmma_fence();
+        self.issue_pv(o, &p_cur, i);
+        ptx::wgmma_wait_group::<0>();
+        ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+        i + 1
+    }
+
+    /// The key loop of three consumer warpgroups: a warpgroup's products and its softmax run in
+    /// turn, so only S and O are live through the softmax (P exists from the softmax's end until
+    /// its P·V completes). Per tile `i`, in the warpgroup's turn: issue S = Q·Kᵢᵀ (P·Vᵢ₋₁,
+    /// issued at the end of the previous step, runs ahead of it); wait for both; free the
+    /// stage of tile i − 1 (and, in a ring of two, K of tile i); Pᵢ ← softmax; O ·= rescale;
+    /// issue O += Pᵢ·Vᵢ. Each warpgroup masks by its own 64 rows and passes its turn without a
+    /// product at the block's leading tiles none of them sees ([`Pipeline::own_rows`]).
+    #[inline(always)]
+    unsafe fn consume_in_turn<const D_TILES: usize, const N_TILES: usize>(
+        &self,
+        first: u32,
+        turns: Turns,
+        o: &mut AccTile<1, D_TILES>,
+        softmax: &mut OnlineSoftmax<1>,
+    ) -> u32 {
+        let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
+        let (mask, row0, bm, bn) = (self.mask, self.row0, BM as u32, BN as u32);
+        let mut s = AccTile::<1, N_TILES>::zero();
+        turns.start();
+        let (mut n, mut i) = (first, 0u32);
+        // The block's leading key tiles that none of this warpgroup's rows see (under a causal
+        // mask, the last one or two for the first 64 or 128 rows; every tile for rows past the
+        // sequence): no product, only the turn, and the stages freed as the loop below frees
+        // them (V one tile later), each after its loads landed (an arrival before then would
+        // count towards the stage's previous use).
+        let (own_row0, own_rows) = self.own_rows();
+        while own_row0 >= mask.seqlen_q() || !mask.visits_key_tile(own_row0, own_rows, n, bn) {
+            let after = mask.next_key_tile(row0, bm, bn, n);
+            self.wait_k(i);
+            self.wait_v(i);
+            turns.wait();
+            turns.pass(after.is_none());
+            self.release_q(after.is_none()); // this warpgroup reads no Q in this query tile
+            if i > 0 {
+                self.release_v(i - 1);
+            }
+            if early_k {
+                self.release_k(i);
+            }
+            match after {
+                Some(next) => n = next,
+                None => return i + 1, // the last stage stays held, as after the loop below
+            }
+            i += 1;
+        }
+        let skipped = i;
+        loop {
+            let after = mask.next_key_tile(row0, bm, bn, n);
+            self.wait_k(i);
+            turns.wait();
+            ptx::wgmma_fence();
+            self.issue_s(&mut s, i);
+            turns.pass(after.is_none());
+            ptx::wgmma_wait_group::<0>();
+            ptx::wgmma_fence_operands(s.tiles_mut::<N_TILES>(0, 0));
+            ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+            if i > 0 {
+                self.release_v(i - 1);
+            }
+            if early_k {
+                self.release_k(i);
+            }
+            // P·V of tile i − 1 is in; the warpgroup's first tile sets the reference points.
+            let p_cur = self.probabilities(&mut s, softmax, o, n, i, i > skipped);
+            // Q is free only now: a softmax at the reference points may compute S again.
+            self.release_q(after.is_none());
+            self.wait_v(i);
+            ptx::wgmma_fence();
+            self.issue_pv(o, &p_cur, i);
+            match after {
+                Some(next) => n = next,
+                None => break,
+            }
+            i += 1;
+        }
+        ptx::wgmma_wait_group::<0>();
+        ptx::wgmma_fence_operands(o.tiles_mut::<D_TILES>(0, 0));
+        i + 1
     }
 }
