@@ -21,6 +21,13 @@ pub trait AttnMask: Sized {
     /// softmax scale themselves).
     const MODIFIES_SCORES: bool = false;
 
+    /// Whether the tile walks ([`AttnMask::next_key_tile`], [`AttnMask::query_tile_at_or_after`])
+    /// read memory (the block-sparse mask's bits). Their results are the same in every lane,
+    /// but ptxas cannot know it: the GPU kernels then pass them through lane 0 (a shuffle), so
+    /// that the loops they drive, and the `wgmma` descriptors derived from them, stay on the
+    /// uniform datapath.
+    const WALK_READS_MEMORY: bool = false;
+
     /// Whether [`AttnMask::score`] changes this block's scores: [`AttnMask::MODIFIES_SCORES`]
     /// and, for masks whose modifiers are optional, one of them on (block-uniform; when false
     /// the kernels skip the modifier and apply the softmax scale themselves).
@@ -788,6 +795,8 @@ impl SparseMask {
 }
 
 impl AttnMask for SparseMask {
+    const WALK_READS_MEMORY: bool = true;
+
     #[inline(always)]
     fn seqlen_q(&self) -> u32 {
         self.base.seqlen_q

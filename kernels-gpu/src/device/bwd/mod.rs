@@ -512,9 +512,31 @@ fn logits_and_grads<M: AttnMask, const CAP: bool, const Q_TILES: usize>(
 /// The query tile after `after` (`None`: the first) among those of the KV head's query heads
 /// that see key tile `n`, as `(query head, tile index)`; heads in order, tiles in order.
 /// `LEAN` as in [`AttnMask::query_tile_at_or_after`] (the `mma.sync` kernels pass their
-/// `DROPOUT`: their general mask's jump spilled with dropout).
+/// `DROPOUT`: their general mask's jump spilled with dropout). Where the mask's walk reads
+/// memory, the result comes through lane 0 ([`ptx::warp_uniform_tile`]).
+///
+/// # Safety
+/// Every lane of the warp calls it, with the same arguments.
 #[inline(always)]
-fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize, const LEAN: bool>(
+unsafe fn next_query_tile<M: AttnMask, const BM: usize, const BN: usize, const LEAN: bool>(
+    p: &BwdParams,
+    batch: u32,
+    kv_head: u32,
+    after: Option<(u32, u32)>,
+    n: u32,
+) -> Option<(u32, u32)> {
+    let found = walk_query_tiles::<M, BM, BN, LEAN>(p, batch, kv_head, after, n);
+    if !M::WALK_READS_MEMORY {
+        return found;
+    }
+    let i = ptx::warp_uniform_tile(found.map(|(_, i)| i))?;
+    let head = ptx::shfl_sync_idx_u32(found.map_or(0, |(head, _)| head), 0);
+    Some((head, i))
+}
+
+/// [`next_query_tile`]'s walk.
+#[inline(always)]
+fn walk_query_tiles<M: AttnMask, const BM: usize, const BN: usize, const LEAN: bool>(
     p: &BwdParams,
     batch: u32,
     kv_head: u32,

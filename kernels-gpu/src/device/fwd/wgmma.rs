@@ -1013,6 +1013,12 @@ impl<
         self.softmax(&mut s, softmax, first); // O is still zero: nothing to rescale
         let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
         let mut next = mask.next_key_tile(row0, bm, bn, first);
+        if M::WALK_READS_MEMORY {
+            // Through lane 0, so that the loop's tiles (and the stages and descriptors derived
+            // from them) are known warp-uniform; a constant test, the other masks' code is
+            // unchanged.
+            next = ptx::warp_uniform_tile(next);
+        }
         self.release_q(next.is_none()); // a one-tile query tile: after its softmax
         if next.is_some() {
             turns.start();
@@ -1020,7 +1026,10 @@ impl<
         // Tile `i` has its P in `p_cur`; tile `i + 1` is `next`.
         let mut i = 0u32;
         while let Some(n) = next {
-            let after = mask.next_key_tile(row0, bm, bn, n);
+            let mut after = mask.next_key_tile(row0, bm, bn, n);
+            if M::WALK_READS_MEMORY {
+                after = ptx::warp_uniform_tile(after);
+            }
             // S of tile i + 1 and O += P·V of tile i, both on the tensor cores; the softmax of
             // tile i + 1 runs while the second product does (and, taking turns, while the
             // other warpgroup's products do).

@@ -132,3 +132,16 @@ pub unsafe fn shfl_sync_idx_u32(x: u32, src_lane: u32) -> u32 {
     );
     y
 }
+
+/// A tile index (below `u32::MAX`) or none, as lane 0 holds it, through
+/// [`shfl_sync_idx_u32`]: the same value, which ptxas then knows is warp-uniform (for a
+/// mask's walk that reads memory: [`crate::mask::AttnMask::WALK_READS_MEMORY`]), so that the
+/// loop it drives and what is derived from it stay on the uniform datapath.
+///
+/// # Safety
+/// All 32 lanes execute it together and hold the same `tile`.
+#[inline(always)]
+pub unsafe fn warp_uniform_tile(tile: Option<u32>) -> Option<u32> {
+    let x = shfl_sync_idx_u32(tile.unwrap_or(u32::MAX), 0);
+    (x != u32::MAX).then_some(x)
+}
