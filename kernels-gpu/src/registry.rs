@@ -781,10 +781,10 @@ pub const fn wgmma_tile(
 
 /// The tile of a `wgmma` backward kernel: two warpgroups of 64 keys (128 per block) and
 /// query tiles of `block_m` rows, in the shared-memory layout of the `mma.sync` backward
-/// ([`BwdTile::smem_bytes`], the pitch being the head dim) and the block's record; see
-/// `device::bwd::wgmma`.
+/// ([`BwdTile::smem_bytes`], the pitch being the head dim) with its dQ stage, and the block's
+/// record; see `device::bwd::wgmma`.
 pub const fn wgmma_bwd_tile(head_dim: usize, block_m: usize) -> BwdTile {
-    BwdTile::new(head_dim, (8, 1, block_m, false)).with_block_record()
+    BwdTile::new(head_dim, (8, 1, block_m, true)).with_block_record()
 }
 
 const fn wgmma_bwd_info(name: &'static str, tile: BwdTile) -> KernelInfo {
@@ -1225,7 +1225,7 @@ mod tests {
         for k in BWD_WGMMA_KERNELS {
             let t = k.tile(Arch::Sm90a);
             assert_eq!((t.block_n, t.threads(), t.d_split), (128, 256, 1));
-            assert!(t.is_valid() && !t.staged_dq, "{t:?}");
+            assert!(t.is_valid() && t.staged_dq, "{t:?}");
             assert_eq!(t.smem_pitch(), k.head_dim);
             assert!(
                 t.block_m * k.head_dim == 64 * 128 || (t.block_m, k.head_dim) == (64, 64),

@@ -47,12 +47,14 @@
 //! (B) above (three in deterministic mode without the stage), and with `STAGED_DQ` one more at
 //! the end (two in deterministic mode). The stage's writers fence it for the bulk engine (`fence.proxy.async`) before the barrier that precedes its bulk add.
 
+mod dq_stage;
 mod order;
 mod passes;
 mod stats;
 #[cfg(flash_arch = "sm90a")]
 pub mod wgmma;
 
+use dq_stage::{DqStage, StageRecord};
 pub use passes::{bwd_convert_dq, bwd_prep};
 use stats::QueryStats;
 
@@ -187,7 +189,7 @@ unsafe fn key_tile<
     let mut dv = AccTile::<1, DKV_TILES>::zero();
     let mut buf = 0;
     if STAGED_DQ && me.tid == 0 {
-        smem.set_staged_tile::<D>(None, 0); // published by barrier (A)
+        smem.dq_stage::<D>().set_staged_tile(None, 0); // published by barrier (A)
     }
     while let Some((head, i)) = cur {
         let block = block_for(p, batch, kv_head, head);
@@ -195,11 +197,11 @@ unsafe fn key_tile<
         ptx::cp_async_wait_group::<0>();
         smem.stats.finish(buf, row0, dims.seqlen_q, me.tid);
         if STAGED_DQ && me.tid == 0 && order::ordered(p) {
-            smem.wait_for_staged_turn::<D>(p, batch, n); // before its flush
+            smem.dq_stage::<D>().wait_for_staged_turn(p, batch, n); // before its flush
         }
         ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
         if STAGED_DQ {
-            smem.flush_dq::<D>(p, batch, kv_head, me.tid);
+            smem.dq_stage::<D>().flush(p, batch, kv_head, me.tid);
         }
         // `next` is looked up again at the end rather than kept live through the step.
         if let Some((h, i)) =
@@ -216,7 +218,7 @@ unsafe fn key_tile<
             if STAGED_DQ {
                 // The turn tile i passes on once flushed, kept until the stage records it.
                 let next = order::next_in_turn::<M, BM, BN>(&mask, i, n);
-                ptx::st_shared_u32(smem.stage_record::<D>(StageRecord::PendingNext), next);
+                ptx::st_shared_u32(smem.dq_stage::<D>().record(StageRecord::PendingNext), next);
             } else {
                 order::wait_for_turn::<BM>(p, batch, head, i, n);
             }
@@ -319,7 +321,7 @@ unsafe fn key_tile<
         }
         ptx::bar_sync(); // (B) dSᵀ complete; the dQ stage free
         if STAGED_DQ && me.tid == 0 && order::ordered(p) {
-            smem.pass_staged_turn::<D>(p, batch); // the tile flushed at (A)
+            smem.dq_stage::<D>().pass_staged_turn(p, batch); // the tile flushed at (A)
         }
         // dQᵢ (the warp's 16 rows, its column slice) += scale·dS·Kⱼ, `DQ_TILES` at a time.
         let ds_rows = SmemCols {
@@ -345,7 +347,7 @@ unsafe fn key_tile<
                     let [x0, x1] = dq.pair(0, r, dt);
                     let (x0, x1) = (x0 * p.scale, x1 * p.scale);
                     if STAGED_DQ {
-                        ptx::st_shared_v2_f32(smem.dq_stage_addr::<D>(row, col), x0, x1);
+                        ptx::st_shared_v2_f32(smem.dq_stage::<D>().addr(row, col), x0, x1);
                     } else {
                         ptx::red_global_add_f32x2(row_at.add(col as usize), x0, x1);
                     }
@@ -355,8 +357,9 @@ unsafe fn key_tile<
         if STAGED_DQ {
             ptx::fence_proxy_async_shared_cta(); // the stage, for the bulk engine
             if me.tid == 0 {
-                let next = ptx::ld_shared_u32(smem.stage_record::<D>(StageRecord::PendingNext));
-                smem.set_staged_tile::<D>(Some((head, i)), next);
+                let next =
+                    ptx::ld_shared_u32(smem.dq_stage::<D>().record(StageRecord::PendingNext));
+                smem.dq_stage::<D>().set_staged_tile(Some((head, i)), next);
             }
         } else if order::ordered(p) {
             ptx::bar_sync(); // every warp's adds to tile i are done
@@ -370,16 +373,16 @@ unsafe fn key_tile<
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
     if STAGED_DQ {
         if me.tid == 0 && order::ordered(p) {
-            smem.wait_for_staged_turn::<D>(p, batch, n);
+            smem.dq_stage::<D>().wait_for_staged_turn(p, batch, n);
         }
         ptx::bar_sync(); // every warp's part of the last tile's dQ is staged
-        smem.flush_dq::<D>(p, batch, kv_head, me.tid);
+        smem.dq_stage::<D>().flush(p, batch, kv_head, me.tid);
         ptx::cp_async_bulk_wait_group::<0>(); // before the stage is reused or the block ends
         if order::ordered(p) {
             ptx::fence_proxy_async_global();
             ptx::bar_sync(); // every row of the last tile added
             if me.tid == 0 {
-                smem.pass_staged_turn::<D>(p, batch);
+                smem.dq_stage::<D>().pass_staged_turn(p, batch);
             }
         }
     }
@@ -561,19 +564,6 @@ fn walk_query_tiles<M: AttnMask, const BM: usize, const BN: usize, const LEAN: b
     None
 }
 
-/// The words of the dQ stage's record ([`BwdSmem::stage_record`]).
-#[derive(Clone, Copy)]
-enum StageRecord {
-    /// The query head of the staged tile.
-    Head = 0,
-    /// The staged query tile (`u32::MAX`: none).
-    Tile = 1,
-    /// Deterministic mode: the turn to pass once the staged tile is added.
-    Next = 2,
-    /// Deterministic mode: the turn of the tile being computed, until it is staged.
-    PendingNext = 3,
-}
-
 /// The backward block's shared memory; see the module docs.
 #[derive(Clone, Copy)]
 struct BwdSmem<const BN: usize, const BM: usize, const PITCH: usize> {
@@ -619,74 +609,10 @@ impl<const BN: usize, const BM: usize, const PITCH: usize> BwdSmem<BN, BM, PITCH
         SmemTile::at(self.q_do + (2 + buf) * Self::QTILE)
     }
 
-    /// Shared address of dQ element (`row`, `col`) of the stage (`D + 8` f32 per row: see
-    /// [`crate::config::BwdTile::dq_stage_pitch`]).
+    /// The dQ stage (tiles with `staged_dq` only).
     #[inline(always)]
-    fn dq_stage_addr<const D: usize>(&self, row: u32, col: u32) -> u32 {
-        self.dq_stage + 4 * (row * (D as u32 + 8) + col)
-    }
-
-    /// Shared address of a word of the stage's record (the padding after the `D` dQ columns
-    /// of its first row).
-    #[inline(always)]
-    fn stage_record<const D: usize>(&self, word: StageRecord) -> u32 {
-        self.dq_stage_addr::<D>(0, D as u32 + word as u32)
-    }
-
-    /// Records which query tile `(head, i)` the stage holds (`None`: none) in the padding of
-    /// the stage's first row (kept there, not in registers, through the loop), and in
-    /// deterministic mode the turn to pass once it is added ([`order::next_in_turn`]).
-    #[inline(always)]
-    unsafe fn set_staged_tile<const D: usize>(&self, tile: Option<(u32, u32)>, next: u32) {
-        let (head, i) = tile.unwrap_or((0, u32::MAX));
-        ptx::st_shared_u32(self.stage_record::<D>(StageRecord::Head), head);
-        ptx::st_shared_u32(self.stage_record::<D>(StageRecord::Tile), i);
-        ptx::st_shared_u32(self.stage_record::<D>(StageRecord::Next), next);
-    }
-
-    /// The query tile `(head, i)` the stage holds, if any.
-    #[inline(always)]
-    unsafe fn staged_tile<const D: usize>(&self) -> Option<(u32, u32)> {
-        let head = ptx::ld_shared_u32(self.stage_record::<D>(StageRecord::Head));
-        let i = ptx::ld_shared_u32(self.stage_record::<D>(StageRecord::Tile));
-        (i != u32::MAX).then_some((head, i))
-    }
-
-    /// Deterministic mode, thread 0, before the barrier that precedes [`Self::flush_dq`]:
-    /// waits for the staged tile's turn ([`order::wait_for_turn`]).
-    #[inline(always)]
-    unsafe fn wait_for_staged_turn<const D: usize>(&self, p: &BwdParams, batch: u32, n: u32) {
-        if let Some((head, i)) = self.staged_tile::<D>() {
-            order::wait_for_turn::<BM>(p, batch, head, i, n);
-        }
-    }
-
-    /// Deterministic mode, thread 0, after a barrier that follows the completion of the
-    /// staged tile's flush (and before the stage records the next tile): passes its turn.
-    #[inline(always)]
-    unsafe fn pass_staged_turn<const D: usize>(&self, p: &BwdParams, batch: u32) {
-        if let Some((head, i)) = self.staged_tile::<D>() {
-            let next = ptx::ld_shared_u32(self.stage_record::<D>(StageRecord::Next));
-            order::pass_turn_to::<BM>(p, (batch, head, i), next);
-        }
-    }
-
-    /// Starts adding the staged dQ tile, if any, into the accumulator: thread `tid < BM`
-    /// reduces row `tid` (`D` f32) with the bulk engine and commits it as one group. Call
-    /// after a barrier that follows every warp's stage writes and proxy fence.
-    #[inline(always)]
-    unsafe fn flush_dq<const D: usize>(&self, p: &BwdParams, batch: u32, kv_head: u32, tid: u32) {
-        if (tid as usize) < BM {
-            if let Some((head, i)) = self.staged_tile::<D>() {
-                let block = block_for(p, batch, kv_head, head);
-                let row = i * BM as u32 + tid;
-                let dst =
-                    (p.dq_accum.ptr as *mut f32).add(block.query_offset(&p.dq_accum, row) as usize);
-                let src = self.dq_stage_addr::<D>(tid, 0);
-                ptx::cp_reduce_async_bulk_add_f32(dst, src, 4 * D as u32);
-                ptx::cp_async_bulk_commit_group();
-            }
-        }
+    fn dq_stage<const D: usize>(&self) -> DqStage<BM, D> {
+        DqStage::at(self.dq_stage)
     }
 
     /// Issues the copies of query tile `i` into buffer `buf`: Q and dO (rows past the

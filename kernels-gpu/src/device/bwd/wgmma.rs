@@ -1,6 +1,7 @@
 //! Backward attention on Hopper (sm_90a): the loop of [`super::flash_bwd`] (key tiles
-//! outside, query tiles inside, dK and dV on chip, dQ by f32 atomic adds) with its five
-//! products on `wgmma`, and the same masks, dropout and deterministic mode.
+//! outside, query tiles inside, dK and dV on chip, dQ through a shared stage and the bulk
+//! engine's f32 adds) with its five products on `wgmma`, and the same masks, dropout and
+//! deterministic mode.
 //!
 //! Block: 256 threads, two warpgroups. The block owns `BN = 128` keys of one (KV head,
 //! batch), 64 per warpgroup: warp `w` holds keys `16w .. 16w + 16` in the `mma.m16n8k16`
@@ -13,40 +14,47 @@
 //! load Kⱼ, Vⱼ; dKⱼ = dVⱼ = 0                   cp.async; registers
 //! start loading query tile 0: Q, dO, LSE, D   cp.async into buffer 0
 //! for each query tile i (every query head of the group) that sees tile j:
-//!     wait; fence.proxy.async; bar.sync       (A) tile i visible; tile i−1 finished
-//!     start loading tile i+1                  into the other buffer
+//!     wait; fence.proxy.async; bar.sync       (A) tile i visible; tile i−1 finished, its
+//!                                             dQ staged (deterministic mode: thread 0
+//!                                             first waits for that tile's turn)
 //!     issue Sᵀ = Kⱼ·Qᵢᵀ, dPᵀ = Vⱼ·dOᵢᵀ          m64nBMk16, both operands K-major in shared
 //!                                             (BM = 128: dPᵀ only after Pᵀ, with dV)
+//!     start the bulk add of tile i−1's dQ      BM/8 stage rows per warp, one per thread,
+//!                                             stage → accumulator, while they run
+//!     start loading tile i+1                  into the other buffer, while they run
 //!     wait for Sᵀ; Pᵀ = 2^(c·Sᵀ − LSE·log2 e)  hidden scores zeroed in edge tiles; dropout
 //!                                             marks dropped ones by their sign
 //!     issue dVⱼ += (Pᵀ ∘ Z)·dOᵢ                m64nDk16 (m64n64k16 per 64 columns below
 //!                                             d = 128), Pᵀ from registers, dO MN-major
 //!     wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢ)
 //!     issue dKⱼ += dSᵀ·Qᵢ                      as dV, Q MN-major
-//!     dSᵀ → shared; fence.proxy.async; bar.sync  (B) dSᵀ of both warpgroups complete
+//!     dSᵀ → shared; fence.proxy.async; wait for the bulk add; bar.sync
+//!                                             (B) dSᵀ of both warpgroups complete, the
+//!                                             stage free (deterministic mode: thread 0
+//!                                             passes tile i−1's turn)
 //!     issue dQᵢ = dS·Kⱼ                        m64n64k16 per warpgroup, both operands
 //!                                             MN-major (dSᵀ read transposed): its 64 query
 //!                                             rows at d = 64, its 64 columns at d = 128
 //!                                             (BM = d = 64: the whole tile; warpgroup 0 adds)
-//!     wait for all; dQ atomic adds            f32, into the accumulator (deterministic
-//!                                             mode: in turn, see `order`: thread 0 waits
-//!                                             before (B) and passes the turn after the next
-//!                                             step's (A); with dropout after a barrier)
+//!     find the tile after i                   while dQᵢ runs
+//!     wait for all; scale·dQᵢ → the stage     st.shared.v2; fence.proxy.async
+//! bar.sync; bulk add of the last tile's dQ; wait
 //! write scale·dKⱼ and dVⱼ [·1/(1 − p)]
 //! ```
 //!
 //! Shared memory (dynamic, 1024-byte aligned; the layout and size of
 //! [`crate::config::BwdTile::smem_bytes`] with the head dim as pitch): K, V `[BN][D]`, two
 //! buffers of Q and of dO `[BM][D]`, dSᵀ `[BN][BM]`, all in the layout of [`crate::gmma`], then
-//! two buffers of LSE and D `[BM]` f32, then the block's record of its (KV head, batch) and key
-//! tile ([`BlockRecord`], written by thread 0 before a first barrier). Registers per thread: dK
-//! and dV `D/2` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, dQ 32 f32. Sync points: one
-//! `bar.sync` at the start (the record), two per query tile, (A) and (B) (in deterministic mode
-//! with dropout a third after the dQ adds, and without one after the last tile's); each
-//! warpgroup waits for its own products only. Writes the async proxy reads (the `cp.async`
-//! tiles, dSᵀ) are fenced by their writers (`fence.proxy.async`) before the barrier that
-//! publishes them.
+//! two buffers of LSE and D `[BM]` f32, then the dQ stage `[BM][D + 8]` f32 ([`DqStage`], its
+//! record of the staged tile in the first row's padding), then the block's record of its (KV
+//! head, batch) and key tile ([`BlockRecord`], written by thread 0 before a first barrier).
+//! Registers per thread: dK and dV `D/2` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, dQ 32
+//! f32. Sync points: one `bar.sync` at the start (the record), two per query tile, (A) and
+//! (B), one after the loop (two in deterministic mode); each warpgroup waits for its own
+//! products only. Writes the async proxy reads (the `cp.async` tiles, dSᵀ, the dQ stage) are
+//! fenced by their writers (`fence.proxy.async`) before the barrier that publishes them.
 
+use super::dq_stage::{DqStage, StageRecord};
 use super::stats::QueryStats;
 use super::{block_for, d_score, next_query_tile, order, store_dkv};
 use crate::block::BlockInfo;
@@ -208,41 +216,23 @@ unsafe fn key_tile<
     let mut dk = AccTile::<1, D_TILES>::zero();
     let mut dv = AccTile::<1, D_TILES>::zero();
     let mut buf = 0;
-    // Deterministic mode, thread 0: the (query head, tile, next turn) whose turn this block
-    // passes after the next barrier (A) (next turn 0: none), so that no extra barrier waits
-    // for the adds and the release's wait for them overlaps the step's start. With dropout
-    // the three registers made ptxas spill at d = 128: there the turn is passed at once,
-    // after a barrier.
-    let defer_pass = !DROPOUT;
-    let mut passing = (0, 0, 0);
+    let stage = smem.dq_stage();
+    if me.tid == 0 {
+        stage.set_staged_tile(None, 0); // published by barrier (A)
+    }
     while let Some((head, i)) = cur {
         let row0 = i * BM as u32;
         ptx::cp_async_wait_group::<0>();
         smem.stats().finish(buf, row0, dims.seqlen_q, me.tid);
         ptx::fence_proxy_async_shared_cta(); // this thread's copies, for `wgmma`
-        ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 done
-        if defer_pass && me.tid == 0 && order::ordered(p) {
-            let (h, t, next) = passing; // every warp's adds to tile t were issued before (A)
-            order::pass_turn_to::<BM>(p, (record.batch(), h, t), next);
-        }
-        if let Some((h, i)) = next_query_tile::<M, BM, BN, false>(
-            p,
-            record.batch(),
-            record.kv_head(),
-            Some((head, i)),
-            record.key_tile(),
-        ) {
-            smem.load_query_tile(p, &record.block(p, h), i, buf ^ 1, me.tid);
-            ptx::cp_async_commit_group();
-        }
-        // The tiles' addresses made opaque per step: their `wgmma` descriptors (up to 64
-        // registers at d = 128) are recomputed where used, not hoisted out of the loop.
-        let smem = smem.opaque();
-        let (q, d_o, stats) = (smem.q(buf), smem.d_o(buf), smem.stats());
-        let mask = M::new(&p.mask, &record.block(p, head));
         if me.tid == 0 && order::ordered(p) {
-            order::open_turn::<M, BM, BN>(p, &mask, (record.batch(), head, i), record.key_tile());
+            stage.wait_for_staged_turn(p, record.batch(), record.key_tile()); // before its flush
         }
+        ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 staged
+                         // The tiles' addresses made opaque per step: their `wgmma` descriptors (up to 64
+                         // registers at d = 128) are recomputed where used, not hoisted out of the loop.
+        let tiles = smem.opaque();
+        let (q, d_o, stats) = (tiles.q(buf), tiles.d_o(buf), tiles.stats());
         // Sᵀ and dPᵀ on the tensor cores; Pᵀ is computed while dPᵀ runs, except in 128-row
         // query tiles, where dPᵀ's 64 accumulators live across that made ptxas spill: there
         // dPᵀ is issued with dV.
@@ -250,9 +240,33 @@ unsafe fn key_tile<
         let mut dpt = AccTile::<1, Q_TILES>::zero();
         let overlap_dp = BM == 64;
         ptx::wgmma_fence();
-        issue_scores::<E, D, BM, Q_TILES>(&mut pt, smem.k(), q, wg);
+        issue_scores::<E, D, BM, Q_TILES>(&mut pt, tiles.k(), q, wg);
         if overlap_dp {
-            issue_scores::<E, D, BM, Q_TILES>(&mut dpt, smem.v(), d_o, wg);
+            issue_scores::<E, D, BM, Q_TILES>(&mut dpt, tiles.v(), d_o, wg);
+        }
+        // While they run: tile i−1's dQ adds (a few stage rows per warp, issued one lane at a
+        // time), then the next query tile's walk and copies (into the other buffer, last read
+        // by the previous step's products, which every warp waited for before (A)).
+        stage.flush(p, record.batch(), record.kv_head(), flush_row::<BM>(me.tid));
+        let ahead = next_query_tile::<M, BM, BN, false>(
+            p,
+            record.batch(),
+            record.kv_head(),
+            Some((head, i)),
+            record.key_tile(),
+        );
+        if let Some((h, i)) = ahead {
+            smem.load_query_tile(p, &record.block(p, h), i, buf ^ 1, me.tid);
+            ptx::cp_async_commit_group();
+        }
+        let mask = M::new(&p.mask, &record.block(p, head));
+        if me.tid == 0 && order::ordered(p) {
+            order::open_turn::<M, BM, BN>(p, &mask, (record.batch(), head, i), record.key_tile());
+            // The turn tile i passes on once flushed, kept until the stage records it.
+            let next = order::next_in_turn::<M, BM, BN>(&mask, i, record.key_tile());
+            ptx::st_shared_u32(stage.record(StageRecord::PendingNext), next);
+        }
+        if overlap_dp {
             ptx::wgmma_wait_group::<1>();
         } else {
             ptx::wgmma_wait_group::<0>();
@@ -316,15 +330,19 @@ unsafe fn key_tile<
             }
         }
         ptx::fence_proxy_async_shared_cta(); // dSᵀ, for `wgmma`
-        if me.tid == 0 && order::ordered(p) {
-            order::wait_for_turn::<BM>(p, record.batch(), head, i, record.key_tile());
+        ptx::cp_async_bulk_wait_group::<0>(); // the stage's last flush is done
+        if order::ordered(p) {
+            ptx::fence_proxy_async_global(); // its adds, before the turn passes
         }
-        ptx::bar_sync(); // (B) dSᵀ complete
-                         // dQᵢ = dS·Kⱼ: warpgroup `wg` takes query rows 64·wg .. (BM = 128) or columns
-                         // 64·wg .. (D = 128) of the tile. A 64 × 64 tile (BM = D = 64) both
-                         // compute and warpgroup 0 adds: split over keys it would take two adds
-                         // per element, in no fixed order, and a product under a branch
-                         // serialises every `wgmma` of the kernel (ptxas C7514).
+        ptx::bar_sync(); // (B) dSᵀ complete; the dQ stage free
+        if me.tid == 0 && order::ordered(p) {
+            stage.pass_staged_turn(p, record.batch()); // the tile flushed at (A)
+        }
+        // dQᵢ = dS·Kⱼ: warpgroup `wg` takes query rows 64·wg .. (BM = 128) or columns
+        // 64·wg .. (D = 128) of the tile. A 64 × 64 tile (BM = D = 64) both
+        // compute and warpgroup 0 adds: split over keys it would take two adds
+        // per element, in no fixed order, and a product under a branch
+        // serialises every `wgmma` of the kernel (ptxas C7514).
         let (row_block, col_block) = if BM == 2 * WG_KEYS {
             (wg, 0)
         } else if D == 2 * BLOCK_COLS {
@@ -341,55 +359,71 @@ unsafe fn key_tile<
             E::wgmma_n64_ss_tt(dq.tiles_mut::<8>(0, 0), a, b, ks > 0);
         }
         ptx::wgmma_commit_group();
+        // The next query tile: where the walk reads memory (block-sparse), the one found
+        // above, kept in two registers; else looked up again while dQ's product runs (the
+        // general mask's kernels have no registers to spare).
+        let next = if M::WALK_READS_MEMORY {
+            ahead
+        } else {
+            next_query_tile::<M, BM, BN, false>(
+                p,
+                record.batch(),
+                record.kv_head(),
+                Some((head, i)),
+                record.key_tile(),
+            )
+        };
         ptx::wgmma_wait_group::<0>();
         ptx::wgmma_fence_operands(dq.tiles_mut::<8>(0, 0));
         ptx::wgmma_fence_operands(dk.tiles_mut::<D_TILES>(0, 0));
         ptx::wgmma_fence_operands(dv.tiles_mut::<D_TILES>(0, 0));
-        // The accumulator is padded to whole query tiles and the compiled head dim (see
-        // `BwdParams::dq_accum`): the adds need no bounds checks.
+        // scale·dQᵢ into the stage; the next step's (A) publishes it and starts its adds.
         for r in 0..(dq_here as usize) * 2 {
             let row = 64 * row_block + 16 * (warp % 4) + pos.row(0, r);
-            let row_at = record.block(p, head).query_offset(&p.dq_accum, row0 + row);
-            let row_at = (p.dq_accum.ptr as *mut f32).add(row_at as usize);
             for nt in 0..BLOCK_COLS / 8 {
                 let col = 64 * col_block + pos.col(nt, 0);
                 let [x0, x1] = dq.pair(0, r, nt);
-                ptx::red_global_add_f32x2(row_at.add(col as usize), x0 * p.scale, x1 * p.scale);
+                ptx::st_shared_v2_f32(stage.addr(row, col), x0 * p.scale, x1 * p.scale);
             }
         }
-        if defer_pass && me.tid == 0 && order::ordered(p) {
-            passing = (
-                head,
-                i,
-                order::next_in_turn::<M, BM, BN>(&mask, i, record.key_tile()),
-            );
-        } else if !defer_pass && order::ordered(p) {
-            ptx::bar_sync(); // every warp's adds to tile i were issued
-            if me.tid == 0 {
-                let next = order::next_in_turn::<M, BM, BN>(&mask, i, record.key_tile());
-                order::pass_turn_to::<BM>(p, (record.batch(), head, i), next);
-            }
+        ptx::fence_proxy_async_shared_cta(); // the stage, for the bulk engine
+        if me.tid == 0 {
+            let next = ptx::ld_shared_u32(stage.record(StageRecord::PendingNext));
+            stage.set_staged_tile(Some((head, i)), next);
         }
-        cur = next_query_tile::<M, BM, BN, false>(
-            p,
-            record.batch(),
-            record.kv_head(),
-            Some((head, i)),
-            record.key_tile(),
-        );
+        cur = next;
         buf ^= 1;
     }
-    if defer_pass && order::ordered(p) {
-        ptx::bar_sync(); // every warp's adds to the last tile were issued
+    ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
+    if me.tid == 0 && order::ordered(p) {
+        stage.wait_for_staged_turn(p, record.batch(), record.key_tile());
+    }
+    ptx::bar_sync(); // every warp's part of the last tile's dQ is staged
+    stage.flush(p, record.batch(), record.kv_head(), flush_row::<BM>(me.tid));
+    ptx::cp_async_bulk_wait_group::<0>(); // before the block ends
+    if order::ordered(p) {
+        ptx::fence_proxy_async_global();
+        ptx::bar_sync(); // every row of the last tile added
         if me.tid == 0 {
-            let (h, t, next) = passing;
-            order::pass_turn_to::<BM>(p, (record.batch(), h, t), next);
+            stage.pass_staged_turn(p, record.batch());
         }
     }
-    ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
     let kv_block = record.kv_block(p); // read again: kept live across the loop, it spilled
     let key_base = record.key_tile() * BN as u32 + warp_k0;
     store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key_base, 0, pos, &dk, &dv);
+}
+
+/// The dQ stage row thread `tid` flushes ([`DqStage::flush`]; `u32::MAX`: none): `BM / WARPS`
+/// rows per warp, so that every warp issues a few of the bulk adds (the adds of one warp's
+/// threads are issued one lane at a time).
+#[inline(always)]
+fn flush_row<const BM: usize>(tid: u32) -> u32 {
+    let (warp, lane, per_warp) = (tid / 32, tid % 32, (BM / WARPS) as u32);
+    if lane < per_warp {
+        warp * per_warp + lane
+    } else {
+        u32::MAX
+    }
 }
 
 /// Issues and commits a warpgroup's `Sᵀ = K·Qᵀ` (or `dPᵀ = V·dOᵀ`): its 64 rows of `keys`
@@ -504,12 +538,20 @@ impl<const D: usize, const BM: usize> Smem<D, BM> {
         QueryStats::at(self.base + 2 * Self::KV + 4 * Self::QTILE + ds)
     }
 
-    /// The block's record of its (KV head, batch) and key tile, after LSE and D.
+    /// The dQ stage `[BM][D + 8]` f32, after LSE and D.
+    #[inline(always)]
+    fn dq_stage(self) -> DqStage<BM, D> {
+        let ds = GmmaTile::<BN, BM>::BYTES;
+        DqStage::at(self.base + 2 * Self::KV + 4 * Self::QTILE + ds + 16 * BM as u32)
+    }
+
+    /// The block's record of its (KV head, batch) and key tile, after the dQ stage.
     #[inline(always)]
     fn record(self) -> BlockRecord {
         let ds = GmmaTile::<BN, BM>::BYTES;
+        let stage = 4 * BM * (D + 8);
         BlockRecord {
-            at: self.base + 2 * Self::KV + 4 * Self::QTILE + ds + 16 * BM as u32,
+            at: self.base + 2 * Self::KV + 4 * Self::QTILE + ds + 16 * BM as u32 + stage as u32,
         }
     }
 

@@ -994,11 +994,16 @@ impl<
     #[inline(always)]
     unsafe fn consume_overlapped<const D_TILES: usize, const N_TILES: usize>(
         &self,
-        first: u32,
+        mut first: u32,
         turns: Turns,
         o: &mut AccTile<1, D_TILES>,
         softmax: &mut OnlineSoftmax<1>,
     ) -> u32 {
+        if M::WALK_READS_MEMORY && !DROPOUT {
+            // Every tile of the walk through lane 0, the first too (see `next` below); not
+            // with dropout, where the one more register made ptxas spill at d = 128.
+            first = ptx::shfl_sync_idx_u32(first, 0);
+        }
         let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
         let (mask, row0, bm, bn) = (self.mask, self.row0, BM as u32, BN as u32);
         let mut s = AccTile::<1, N_TILES>::zero();
