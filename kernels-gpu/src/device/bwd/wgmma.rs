@@ -229,9 +229,7 @@ unsafe fn key_tile<
             stage.wait_for_staged_turn(p, record.batch(), record.key_tile()); // before its flush
         }
         ptx::bar_sync(); // (A) tile i (and Kⱼ, Vⱼ) visible to every warp; tile i−1 staged
-                         // The tiles' addresses made opaque per step: their `wgmma` descriptors (up to 64
-                         // registers at d = 128) are recomputed where used, not hoisted out of the loop.
-        let tiles = smem.opaque();
+        let tiles = smem.opaque(); // descriptors recomputed per step (64 registers if hoisted)
         let (q, d_o, stats) = (tiles.q(buf), tiles.d_o(buf), tiles.stats());
         // Sᵀ and dPᵀ on the tensor cores; Pᵀ is computed while dPᵀ runs, except in 128-row
         // query tiles, where dPᵀ's 64 accumulators live across that made ptxas spill: there
