@@ -17,12 +17,16 @@ and `ratio_vs_fast`, our fast time over our deterministic time on that shape.
 
 Decode rows (`op` = `decode`, from `flash-attn-bench --op decode`) time SDPA on one new query
 over the whole context: q [B, Hq, 1, d], K and V [B, Hkv, N, d] with `enable_gqa=True`, under
-the flash and cuDNN backends (a backend that rejects the call reads null, with its error).
-Our rows carry `host_us`, the host's time inside one call (checks and launches). They get
-`torch_{flash,cudnn}_ms`, the effective bandwidth `torch_*_gbps` (the same K and V
-bytes as ours over PyTorch's time), `ratio_vs_cudnn` (our time over cuDNN's: ≤ 1 is the
-target) and `speedup_vs_flash` (flash's time over ours: ≥ 1.2 is the target). Our paged rows
-are compared with the same contiguous PyTorch call (SDPA has no paged cache).
+the flash and cuDNN backends (a backend that rejects the call reads null, with its error), in
+the cache layout of our row: our `heads` rows (a head-major cache) beside K and V
+[B, Hkv, N, d] contiguous, and our token-major rows (`contiguous`, and the paged ones, whose
+pages are token-major too; SDPA has no paged cache) beside the same bytes [B, N, Hkv, d]
+viewed as [B, Hkv, N, d] (`torch_layout`: `heads` or `tokens`; with Hkv = 1 both are one
+layout). Our rows carry `host_us`, the host's time inside one call (checks and launches).
+They get `torch_{flash,cudnn}_ms`, the effective bandwidth `torch_*_gbps` (the same K and V
+bytes as ours over PyTorch's time), `torch_{flash,cudnn}_heads_ms` (the head-major call's
+time, on every row), `ratio_vs_cudnn` (our time over cuDNN's in the same layout: ≤ 1 is the
+target) and `speedup_vs_flash` (flash's time over ours: ≥ 1.2 is the target).
 
 Forward rows carry the path our forward took (`path`: `wgmma` on Hopper, else `mma`), backward
 and forward + backward rows the path of our backward's main kernel; on Hopper, `fwd` and `bwd`
@@ -186,26 +190,38 @@ def time_gemm(reps):
 
 
 def time_decode(row, gen, reps):
-    """PyTorch's numbers for one decode row (see the module docstring)."""
+    """PyTorch's numbers for one decode shape, for each cache layout (see the module
+    docstring): {"heads": {...}, "tokens": {...}}, the second only where Hkv > 1."""
     b, n, hq, hkv, d = row["b"], row["n"], row["h"], row["h_kv"], row["d"]
     dt = {"f16": torch.float16, "bf16": torch.bfloat16}[row["dtype"]]
     rand = lambda *shape: torch.randn(shape, device="cuda", generator=gen, dtype=torch.float32).to(dt)
     q = rand(b, hq, 1, d)
-    k, v = rand(b, hkv, n, d), rand(b, hkv, n, d)
-    out = {}
-    for name in DECODE_BACKENDS:
-        try:
-            with sdpa_kernel([BACKENDS[name]]):
-                ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), reps)
-            out[f"torch_{name}_ms"] = ms
-            out[f"torch_{name}_gbps"] = row["kv_bytes"] / (ms * 1e-3) / 1e9
-        except Exception as e:  # a backend may not take GQA or this shape
-            out[f"torch_{name}_ms"] = None
-            out[f"torch_{name}_gbps"] = None
-            out[f"torch_{name}_error"] = str(e).splitlines()[0][:200]
-    del q, k, v
+    by_layout = {}
+    # heads: K, V [B, Hkv, N, d] contiguous; tokens: [B, N, Hkv, d] in memory, viewed as
+    # [B, Hkv, N, d] (FlashAttention's cache layout, our `contiguous` rows).
+    for layout in ["heads", "tokens"] if hkv > 1 else ["heads"]:
+        if layout == "heads":
+            k, v = rand(b, hkv, n, d), rand(b, hkv, n, d)
+        else:
+            k, v = rand(b, n, hkv, d).transpose(1, 2), rand(b, n, hkv, d).transpose(1, 2)
+        out = {}
+        for name in DECODE_BACKENDS:
+            try:
+                with sdpa_kernel([BACKENDS[name]]):
+                    ms = time_ms(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), reps)
+                out[f"torch_{name}_ms"] = ms
+                out[f"torch_{name}_gbps"] = row["kv_bytes"] / (ms * 1e-3) / 1e9
+            except Exception as e:  # a backend may not take GQA or this shape
+                out[f"torch_{name}_ms"] = None
+                out[f"torch_{name}_gbps"] = None
+                out[f"torch_{name}_error"] = str(e).splitlines()[0][:200]
+        by_layout[layout] = out
+        del k, v
+        torch.cuda.empty_cache()
+    by_layout.setdefault("tokens", by_layout["heads"])  # Hkv = 1: one layout
+    del q
     torch.cuda.empty_cache()
-    return out
+    return by_layout
 
 
 def decode_main(rows, dst, reps, driver):
@@ -215,7 +231,14 @@ def decode_main(rows, dst, reps, driver):
         key = (row["dtype"], row["b"], row["n"], row["h"], row["h_kv"], row["d"])
         if key not in timed:
             timed[key] = time_decode(row, gen, reps)
-        row.update(timed[key])
+        # Our `heads` rows beside SDPA on [B, Hkv, N, d]; the token-major ones (contiguous
+        # and paged: pages are token-major too) beside SDPA on the same token-major bytes.
+        # `torch_*_heads_ms` keeps the head-major time on every row.
+        same = "heads" if row["layout"] == "heads" else "tokens"
+        row.update(timed[key][same])
+        row["torch_layout"] = same
+        for name in DECODE_BACKENDS:
+            row[f"torch_{name}_heads_ms"] = timed[key]["heads"].get(f"torch_{name}_ms")
         cudnn, flash = row.get("torch_cudnn_ms"), row.get("torch_flash_ms")
         row["ratio_vs_cudnn"] = row["ours_ms"] / cudnn if cudnn else None
         row["speedup_vs_flash"] = flash / row["ours_ms"] if flash else None
@@ -224,12 +247,12 @@ def decode_main(rows, dst, reps, driver):
             row["driver"] = driver
     json.dump(rows, open(dst, "w"), indent=1)
     fmt = lambda x, w=8, p=1: f"{x:{w}.{p}f}" if x is not None else " " * (w - 3) + "n/a"
-    print(f"{'b':>3} {'n':>6} {'hkv':>3} {'layout':<10} {'meta':<6} {'spl':>3} {'ours us':>8} {'GB/s':>6} {'host us':>7} {'cudnn us':>8} {'flash us':>8} {'ours/cudnn':>10} {'flash/ours':>10}")
+    print(f"{'b':>3} {'n':>6} {'hkv':>3} {'layout':<10} {'meta':<6} {'spl':>3} {'ours us':>8} {'GB/s':>6} {'host us':>7} {'cudnn us':>8} {'flash us':>8} {'ours/cudnn':>10} {'flash/ours':>10} {'cudnn hnd':>9}")
     for r in rows:
         us = lambda ms: ms * 1e3 if ms is not None else None
         print(
             f"{r['b']:>3} {r['n']:>6} {r['h_kv']:>3} {r['layout']:<10} {r.get('meta', 'device'):<6} {r['splits']:>3} {fmt(us(r['ours_ms']))} {r['ours_gbps']:6.0f} {fmt(r.get('host_us'), 7)}"
-            f" {fmt(us(r.get('torch_cudnn_ms')))} {fmt(us(r.get('torch_flash_ms')))} {fmt(r['ratio_vs_cudnn'], 10, 2)} {fmt(r['speedup_vs_flash'], 10, 2)}"
+            f" {fmt(us(r.get('torch_cudnn_ms')))} {fmt(us(r.get('torch_flash_ms')))} {fmt(r['ratio_vs_cudnn'], 10, 2)} {fmt(r['speedup_vs_flash'], 10, 2)} {fmt(us(r.get('torch_cudnn_heads_ms')), 9)}"
         )
 
 

@@ -6,7 +6,9 @@
 //!
 //! `--op decode` times the decode path instead (`attn_with_kvcache`: one new token, Hq = 32,
 //! Hkv ∈ {1, 8}, d = 128, bf16, B ∈ {1, 8, 64}, contexts 1K to 128K where K and V fit in
-//! 24 GB, contiguous and paged caches with pages of 16 and 256 keys): rows with `op` =
+//! 24 GB; contiguous caches token-major (`[B, N, Hkv, d]`, layout `contiguous`) and, where
+//! Hkv > 1, head-major (the same shape with `[B, Hkv, N, d]` strides, layout `heads`), and
+//! paged caches with pages of 16 and 256 keys): rows with `op` =
 //! `decode`, latency and the effective bandwidth (bytes of K and V read ÷ time), the splits,
 //! the kernel launches per call and the host's time inside a call (`host_us`). `meta`: the
 //! lengths and block table validated from host copies (`host`), read back from the device
@@ -512,7 +514,26 @@ fn bench_decode(
                     Some(s) => s,
                     None => auto_decode_splits::<bf16>(dev, d, [b, hq, hkv, 1], n)?,
                 };
-                for page in [0usize, 16, 256] {
+                // Layouts: `contiguous` ([B, N, Hkv, d], token-major, as FlashAttention's
+                // cache), `heads` (the same shape with head-major strides, [B, Hkv, N, d] in
+                // memory; only where Hkv > 1, else it is the same layout), then pages of 16 and
+                // 256 keys.
+                let layouts: &[(&str, usize)] = if hkv > 1 {
+                    &[
+                        ("contiguous", 0),
+                        ("heads", 0),
+                        ("paged16", 16),
+                        ("paged256", 256),
+                    ]
+                } else {
+                    &[("contiguous", 0), ("paged16", 16), ("paged256", 256)]
+                };
+                for &(layout, page) in layouts {
+                    if layout == "heads" {
+                        let strides = [n * hkv * d, d, n * d, 1];
+                        k = k.with_layout(&[b, n, hkv, d], &strides, 0)?;
+                        v = v.with_layout(&[b, n, hkv, d], &strides, 0)?;
+                    }
                     // Paged: the same bytes as pages in a shuffled order.
                     let pages = b * n / page.max(1);
                     let table = if page > 0 {
@@ -535,11 +556,6 @@ fn bench_decode(
                     } else {
                         None
                     };
-                    let layout = if page == 0 {
-                        "contiguous".to_string()
-                    } else {
-                        format!("paged{page}")
-                    };
                     let lens_host = vec![n as i32; b];
                     let table_host = table.as_ref().map(|t| t.to_host(dev)).transpose()?;
                     // Validation from host copies of the lengths and table (no
@@ -547,10 +563,10 @@ fn bench_decode(
                     // tensors read back (the call's default); paged, also with the table
                     // checked once before the timed calls (`checked`, as a decode step does
                     // for all its layers).
-                    let metas: &[&str] = if page == 0 {
-                        &["host", "device"]
-                    } else {
-                        &["host", "checked"]
+                    let metas: &[&str] = match layout {
+                        "contiguous" => &["host", "device"],
+                        "heads" => &["host"],
+                        _ => &["host", "checked"],
                     };
                     for &meta in metas {
                         let block_table = match (meta, table_host.as_deref()) {
@@ -597,7 +613,7 @@ fn bench_decode(
                             "host_us": host_us,
                         }));
                     }
-                    if page > 0 {
+                    if layout != "contiguous" {
                         k = k.with_layout(&[b, n, hkv, d], &[n * hkv * d, hkv * d, d, 1], 0)?;
                         v = v.with_layout(&[b, n, hkv, d], &[n * hkv * d, hkv * d, d, 1], 0)?;
                     }
