@@ -411,16 +411,27 @@ unsafe fn key_tile<
     store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key_base, 0, pos, &dk, &dv);
 }
 
-/// The dQ stage row thread `tid` flushes ([`DqStage::flush`]; `u32::MAX`: none): `BM / WARPS`
-/// rows per warp, so that every warp issues a few of the bulk adds (the adds of one warp's
-/// threads are issued one lane at a time).
+/// The dQ stage row thread `tid` flushes ([`DqStage::flush`]; `u32::MAX`: none). The adds
+/// of one warp's threads are issued one lane at a time. With 128-row query tiles, row `tid`
+/// by the first four warps (the other four go on meanwhile); with 64, `BM / WARPS` rows per
+/// warp. Measured on the H200, clock-locked, against `BM / WARPS` rows per warp everywhere:
+/// the first `BM` threads took 0.967× the cycles at d = 64 (128-row tiles) and 1.04× at
+/// d = 128 (64-row tiles; docs/perf-notes.md).
 #[inline(always)]
 fn flush_row<const BM: usize>(tid: u32) -> u32 {
-    let (warp, lane, per_warp) = (tid / 32, tid % 32, (BM / WARPS) as u32);
-    if lane < per_warp {
-        warp * per_warp + lane
+    if BM >= 128 {
+        if tid < BM as u32 {
+            tid
+        } else {
+            u32::MAX
+        }
     } else {
-        u32::MAX
+        let (warp, lane, per_warp) = (tid / 32, tid % 32, (BM / WARPS) as u32);
+        if lane < per_warp {
+            warp * per_warp + lane
+        } else {
+            u32::MAX
+        }
     }
 }
 
