@@ -34,6 +34,9 @@ pub(super) struct DqStage<const BM: usize, const D: usize> {
 }
 
 impl<const BM: usize, const D: usize> DqStage<BM, D> {
+    /// Bytes of the stage, record included.
+    pub(super) const BYTES: u32 = (4 * BM * (D + 8)) as u32;
+
     /// The stage at shared address `at`.
     #[inline(always)]
     pub(super) fn at(at: u32) -> Self {

@@ -557,10 +557,8 @@ impl<const D: usize, const BM: usize> Smem<D, BM> {
     /// The block's record of its (KV head, batch) and key tile, after the dQ stage.
     #[inline(always)]
     fn record(self) -> BlockRecord {
-        let ds = GmmaTile::<BN, BM>::BYTES;
-        let stage = 4 * BM * (D + 8);
         BlockRecord {
-            at: self.base + 2 * Self::KV + 4 * Self::QTILE + ds + 16 * BM as u32 + stage as u32,
+            at: self.dq_stage().addr(0, 0) + DqStage::<BM, D>::BYTES,
         }
     }
 
