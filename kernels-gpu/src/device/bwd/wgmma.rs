@@ -19,8 +19,9 @@
 //!                                             first waits for that tile's turn)
 //!     issue Sᵀ = Kⱼ·Qᵢᵀ, dPᵀ = Vⱼ·dOᵢᵀ          m64nBMk16, both operands K-major in shared
 //!                                             (BM = 128: dPᵀ only after Pᵀ, with dV)
-//!     start the bulk add of tile i−1's dQ      BM/8 stage rows per warp, one per thread,
-//!                                             stage → accumulator, while they run
+//!     start the bulk add of tile i−1's dQ      a stage row per flushing thread (see
+//!                                             `flush_row`), stage → accumulator, while
+//!                                             they run
 //!     start loading tile i+1                  into the other buffer, while they run
 //!     wait for Sᵀ; Pᵀ = 2^(c·Sᵀ − LSE·log2 e)  hidden scores zeroed in edge tiles; dropout
 //!                                             marks dropped ones by their sign
@@ -242,8 +243,8 @@ unsafe fn key_tile<
         if overlap_dp {
             issue_scores::<E, D, BM, Q_TILES>(&mut dpt, tiles.v(), d_o, wg);
         }
-        // While they run: tile i−1's dQ adds (a few stage rows per warp, issued one lane at a
-        // time), then the next query tile's walk and copies (into the other buffer, last read
+        // While they run: tile i−1's dQ adds (`flush_row`'s threads, a warp's issued one lane
+        // at a time), then the next query tile's walk and copies (into the other buffer, last read
         // by the previous step's products, which every warp waited for before (A)).
         stage.flush(p, record.batch(), record.kv_head(), flush_row::<BM>(me.tid));
         let ahead = next_query_tile::<M, BM, BN, false>(
