@@ -35,7 +35,10 @@ from bench_torch import time_ms  # noqa: E402  (same folder; the same timing as 
 
 def block_hash(i, j):
     """The block hash of `masks.rs` (integer tensors or ints)."""
-    return (i * 7919 + j * 104729 + (i * j) % 65521) % 16
+    x = (i * 7919 + j * 104729 + 12345) % 32749
+    x = (x * x + 31 * i + 1) % 32749
+    x = (x * x + 17 * j) % 32749
+    return x % 16
 
 
 def tree_visible(parents):

@@ -24,6 +24,9 @@ pub(super) enum StageRecord {
     Next = 2,
     /// Deterministic mode: the turn of the tile being computed, until it is staged.
     PendingNext = 3,
+    /// The walk's look-ahead slots (block-sparse kernels, [`DqStage::walk_slot`]): the query
+    /// head of slot 0; its tile is the next word, slot 1's head and tile the two after.
+    WalkHead = 4,
 }
 
 /// The dQ stage of a block with `BM`-row query tiles at compiled head dim `D`, at shared
@@ -55,6 +58,16 @@ impl<const BM: usize, const D: usize> DqStage<BM, D> {
     #[inline(always)]
     pub(super) fn record(self, word: StageRecord) -> u32 {
         self.addr(0, D as u32 + word as u32)
+    }
+
+    /// The walk's look-ahead slot `parity` (0 or 1): where one warp of a block-sparse kernel
+    /// leaves the query tile after the one the next step loads (`u32::MAX` as the tile: none),
+    /// so the other warps do not walk the mask's bits themselves (see `wgmma::key_tile`).
+    #[inline(always)]
+    pub(super) fn walk_slot(self, parity: u32) -> WalkSlot {
+        WalkSlot {
+            head: self.record(StageRecord::WalkHead) + 8 * parity,
+        }
     }
 
     /// Records which query tile `(head, i)` the stage holds (`None`: none), kept in shared
@@ -110,5 +123,33 @@ impl<const BM: usize, const D: usize> DqStage<BM, D> {
                 ptx::cp_async_bulk_commit_group();
             }
         }
+    }
+}
+
+/// One of the walk's look-ahead slots ([`DqStage::walk_slot`]): a query tile `(head, i)`, or
+/// none, written by one warp before a block-wide barrier and read by every thread after it.
+#[derive(Clone, Copy)]
+pub(super) struct WalkSlot {
+    head: u32,
+}
+
+impl WalkSlot {
+    /// Writes `tile` (lane 0 of the calling warp stores).
+    #[inline(always)]
+    pub(super) unsafe fn write(self, tile: Option<(u32, u32)>, lane: u32) {
+        if lane == 0 {
+            let (head, i) = tile.unwrap_or((0, u32::MAX));
+            ptx::st_shared_u32(self.head, head);
+            ptx::st_shared_u32(self.head + 4, i);
+        }
+    }
+
+    /// Reads the tile, passed through lane 0 so that ptxas knows it warp-uniform (as
+    /// [`ptx::warp_uniform_tile`]).
+    #[inline(always)]
+    pub(super) unsafe fn read(self) -> Option<(u32, u32)> {
+        let i = ptx::warp_uniform_tile(Some(ptx::ld_shared_u32(self.head + 4)))?;
+        let head = ptx::shfl_sync_idx_u32(ptx::ld_shared_u32(self.head), 0);
+        Some((head, i))
     }
 }

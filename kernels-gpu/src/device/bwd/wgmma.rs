@@ -23,6 +23,10 @@
 //!                                             `flush_row`), stage → accumulator, while
 //!                                             they run
 //!     start loading tile i+1                  into the other buffer, while they run
+//!                                             (block-sparse: tile i+1 from the walk's
+//!                                             look-ahead slot, which the last warp filled
+//!                                             in the step before; it then walks to the
+//!                                             tile after i+1 into the other slot)
 //!     wait for Sᵀ; Pᵀ = 2^(c·Sᵀ − LSE·log2 e)  hidden scores zeroed in edge tiles; dropout
 //!                                             marks dropped ones by their sign
 //!     issue dVⱼ += (Pᵀ ∘ Z)·dOᵢ                m64nDk16 (m64n64k16 per 64 columns below
@@ -47,7 +51,7 @@
 //! [`crate::config::BwdTile::smem_bytes`] with the head dim as pitch): K, V `[BN][D]`, two
 //! buffers of Q and of dO `[BM][D]`, dSᵀ `[BN][BM]`, all in the layout of [`crate::gmma`], then
 //! two buffers of LSE and D `[BM]` f32, then the dQ stage `[BM][D + 8]` f32 ([`DqStage`], its
-//! record of the staged tile in the first row's padding), then the block's record of its (KV
+//! record of the staged tile and the walk's two look-ahead slots in the first row's padding), then the block's record of its (KV
 //! head, batch) and key tile ([`BlockRecord`], written by thread 0 before a first barrier).
 //! Registers per thread: dK and dV `D/2` f32 each, Sᵀ/Pᵀ and dPᵀ/dSᵀ `BM/2` f32 each, dQ 32
 //! f32. Sync points: one `bar.sync` at the start (the record), two per query tile, (A) and
@@ -221,6 +225,25 @@ unsafe fn key_tile<
     if me.tid == 0 {
         stage.set_staged_tile(None, 0); // published by barrier (A)
     }
+    // Where the walk reads memory (block-sparse), one warp walks it a step ahead of the others
+    // and leaves each tile in a look-ahead slot (two, by step parity): the step on tile i reads
+    // the tile after it from slot `parity` after (A), and the walker then writes the tile after
+    // that one into the other slot, read by the next step after its (A). A slot is written
+    // only after the barrier that ends the previous step's reads of it.
+    let walker = M::WALK_READS_MEMORY && warp == WARPS as u32 - 1;
+    let mut parity = 0u32;
+    if walker {
+        let after = cur.and_then(|t| {
+            next_query_tile::<M, BM, BN, false>(
+                p,
+                record.batch(),
+                record.kv_head(),
+                Some(t),
+                record.key_tile(),
+            )
+        });
+        stage.walk_slot(0).write(after, me.lane);
+    }
     while let Some((head, i)) = cur {
         let row0 = i * BM as u32;
         ptx::cp_async_wait_group::<0>();
@@ -247,13 +270,28 @@ unsafe fn key_tile<
         // at a time), then the next query tile's walk and copies (into the other buffer, last read
         // by the previous step's products, which every warp waited for before (A)).
         stage.flush(p, record.batch(), record.kv_head(), flush_row::<BM>(me.tid));
-        let ahead = next_query_tile::<M, BM, BN, false>(
-            p,
-            record.batch(),
-            record.kv_head(),
-            Some((head, i)),
-            record.key_tile(),
-        );
+        let ahead = if M::WALK_READS_MEMORY {
+            let ahead = stage.walk_slot(parity).read();
+            if let (true, Some(t)) = (walker, ahead) {
+                let after = next_query_tile::<M, BM, BN, false>(
+                    p,
+                    record.batch(),
+                    record.kv_head(),
+                    Some(t),
+                    record.key_tile(),
+                );
+                stage.walk_slot(parity ^ 1).write(after, me.lane);
+            }
+            ahead
+        } else {
+            next_query_tile::<M, BM, BN, false>(
+                p,
+                record.batch(),
+                record.kv_head(),
+                Some((head, i)),
+                record.key_tile(),
+            )
+        };
         if let Some((h, i)) = ahead {
             smem.load_query_tile(p, &record.block(p, h), i, buf ^ 1, me.tid);
             ptx::cp_async_commit_group();
@@ -392,6 +430,7 @@ unsafe fn key_tile<
         }
         cur = next;
         buf ^= 1;
+        parity ^= 1;
     }
     ptx::cp_async_wait_group::<0>(); // Kⱼ, Vⱼ landed even if no query tile saw them
     if me.tid == 0 && order::ordered(p) {
