@@ -40,12 +40,6 @@ pub struct Device {
     occupancy: Mutex<HashMap<&'static str, usize>>,
 }
 
-/// Most keys for which the persistent `wgmma` kernels run persistent blocks. Measured on the
-/// H100 against one block per tile on the same kernels (bf16 and f16, d = 64 and 128): 1.02–1.09×
-/// at 1K–4K keys (the blocks' start and end are a larger share of short calls), within ±4 % at
-/// 8K, 0.94–1.01× at 16K without a mask (docs/perf-notes.md).
-pub(crate) const PERSISTENT_MAX_KEYS: usize = 4096;
-
 /// Which kernels the forward runs on Hopper (compute capability 9.0); other GPUs always run
 /// the `mma.sync` kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -211,12 +205,15 @@ impl Device {
         self.wgmma_schedule
     }
 
-    /// Blocks of a persistent `wgmma` kernel for `tiles` query tiles over at most
-    /// `seqlen_k` keys: at most one per SM (which is all its shared memory allows) up to
-    /// [`PERSISTENT_MAX_KEYS`] keys, else one per tile, as always with
-    /// `FLASH_ATTN_WGMMA_PERSISTENT=0` (a diagnostic switch; both are exact).
-    pub(crate) fn persistent_blocks(&self, tiles: usize, seqlen_k: usize) -> usize {
-        if self.wgmma_persistent && seqlen_k <= PERSISTENT_MAX_KEYS {
+    /// Blocks of a persistent `wgmma` kernel for `tiles` query tiles: at most one per SM
+    /// (which is all its shared memory allows), at every length; one per tile with
+    /// `FLASH_ATTN_WGMMA_PERSISTENT=0` (a diagnostic switch; both are exact). Until
+    /// 2026-11-27 calls over more than 4,096 keys took one block per tile (on the H100 of
+    /// 2026-11-25 persistent blocks had gained nothing there); clock-locked on today's kernels
+    /// persistent blocks take 0.976–0.995× the cycles at 8K and 16K keys, d = 64 and 128,
+    /// causal and not, on the H100 and the H200 alike (docs/perf-notes.md).
+    pub(crate) fn persistent_blocks(&self, tiles: usize) -> usize {
+        if self.wgmma_persistent {
             tiles.min(self.sm_count)
         } else {
             tiles

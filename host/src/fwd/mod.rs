@@ -299,11 +299,7 @@ impl ForwardCall {
                 .map_err(|_| FlashError::TooLarge(format!("{tiles} query tiles in one launch")))?;
             let tile_counter = match &counters {
                 Some(c) => {
-                    grid = (
-                        dev.persistent_blocks(tiles as usize, run.len_k) as u32,
-                        1,
-                        1,
-                    );
+                    grid = (dev.persistent_blocks(tiles as usize) as u32, 1, 1);
                     c.device_address(dev) + 4 * i as u64
                 }
                 None => 0,
