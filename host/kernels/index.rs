@@ -1722,6 +1722,18 @@ pub(crate) static EMBEDDED: &[(&str, &str, &[u8], &[u8])] = &[
     ),
     (
         "sm90a",
+        "flash_fwd_wgmma_masked_dropout_f16_d128",
+        include_bytes!("sm90a/flash_fwd_wgmma_masked_dropout_f16_d128.ptx.z"),
+        include_bytes!("sm90a/flash_fwd_wgmma_masked_dropout_f16_d128.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_fwd_wgmma_masked_dropout_bf16_d128",
+        include_bytes!("sm90a/flash_fwd_wgmma_masked_dropout_bf16_d128.ptx.z"),
+        include_bytes!("sm90a/flash_fwd_wgmma_masked_dropout_bf16_d128.cubin.z"),
+    ),
+    (
+        "sm90a",
         "flash_fwd_wgmma_sparse_dropout_f16_d128",
         include_bytes!("sm90a/flash_fwd_wgmma_sparse_dropout_f16_d128.ptx.z"),
         include_bytes!("sm90a/flash_fwd_wgmma_sparse_dropout_f16_d128.cubin.z"),

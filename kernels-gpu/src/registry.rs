@@ -867,8 +867,8 @@ registry! {
     // general mask's kernel spilled 8–16 B in its masked tiles (window, ALiBi and softcap
     // terms), the kernels with dropout 76–80 B, and the block-sparse mask's query tiles must
     // lie in one of its 128-row blocks. Every mask kind, with and without dropout, at
-    // d = 64 and 128, except: the general mask with dropout at d = 128 (it spills: 32 B of
-    // stack, 100 B of spills at 240 registers), whose calls take `mma.sync`; and the plain
+    // d = 64 and 128 (the general mask with dropout at d = 128 on 64-key tiles: with 128 it
+    // spilled, 32 B of stack and 100 B of spills at 240 registers); except the plain
     // mask without dropout at d = 128 and 256, whose calls run on the general kernel
     // (`fwd_wgmma_kernel`): built, the plain kernel ran 5–13 % slower than the general one on
     // the same plain calls (H100, docs/perf-notes.md, two consumer warpgroups). At d = 256 (64-key tiles) every mask kind without dropout
@@ -893,6 +893,7 @@ registry! {
         128 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d128, flash_fwd_wgmma_sparse_bf16_d128] 128 128 PER_TILE;
         128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128 128 PER_TILE;
         128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128 128 PER_TILE;
+        128 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d128, flash_fwd_wgmma_masked_dropout_bf16_d128] 128 64 PER_TILE;
         128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128 128 PER_TILE;
         128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128 128 PER_TILE;
         256 Masked PLAIN [flash_fwd_wgmma_masked_f16_d256, flash_fwd_wgmma_masked_bf16_d256] 128 64 PER_TILE;

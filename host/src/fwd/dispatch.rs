@@ -175,9 +175,10 @@ mod tests {
         let k = long(Arch::Sm90a, true, DType::BF16, 64, MaskKind::Masked, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d64");
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
-        // The general mask with dropout at d = 128 has no wgmma kernel (it spills).
+        // The general mask with dropout at d = 128: 64-key tiles (128 spilled).
         let k = long(Arch::Sm90a, true, DType::F16, 128, MaskKind::Masked, true).unwrap();
-        assert_eq!(k.name, "flash_fwd_masked_dropout_f16_d128");
+        assert_eq!(k.name, "flash_fwd_wgmma_masked_dropout_f16_d128");
+        assert_eq!(k.tile.block_n, 64);
         // d = 80 pads to 128 on wgmma, d = 200 to 256; sm_80 never takes one.
         let k = long(Arch::Sm90a, true, DType::F16, 80, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_f16_d128");
