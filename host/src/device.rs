@@ -210,7 +210,7 @@ impl Device {
     /// `FLASH_ATTN_WGMMA_PERSISTENT=0` (a diagnostic switch; both are exact). Until
     /// 2026-11-27 calls over more than 4,096 keys took one block per tile (on the H100 of
     /// 2026-11-25 persistent blocks had gained nothing there); clock-locked on today's kernels
-    /// persistent blocks take 0.976–0.995× the cycles at 8K and 16K keys, d = 64 and 128,
+    /// persistent blocks take 0.965–0.995× the cycles at 8K and 16K keys, d = 64 and 128,
     /// causal and not, on the H100 and the H200 alike (docs/perf-notes.md).
     pub(crate) fn persistent_blocks(&self, tiles: usize) -> usize {
         if self.wgmma_persistent {

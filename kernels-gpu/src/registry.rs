@@ -868,10 +868,11 @@ registry! {
     // terms), the kernels with dropout 76–80 B, and the block-sparse mask's query tiles must
     // lie in one of its 128-row blocks. Every mask kind, with and without dropout, at
     // d = 64 and 128 (the general mask with dropout at d = 128 on 64-key tiles: with 128 it
-    // spilled, 32 B of stack and 100 B of spills at 240 registers); except the plain
-    // mask without dropout at d = 128 and 256, whose calls run on the general kernel
-    // (`fwd_wgmma_kernel`): built, the plain kernel ran 5–13 % slower than the general one on
-    // the same plain calls (H100, docs/perf-notes.md, two consumer warpgroups). At d = 256 (64-key tiles) every mask kind without dropout
+    // spilled, 32 B of stack and 100 B of spills at 240 registers). The plain mask without
+    // dropout at d = 256 has no kernel of its own, and at d = 128 only one of 176-key tiles:
+    // its calls run on the general kernel (`fwd_wgmma_kernel`) where those tiles do not pay
+    // (`Keys::take_wide_tiles`; a plain kernel of the general one's tiles ran 5–13 % slower
+    // than it on the same calls, H100, docs/perf-notes.md, two consumer warpgroups). At d = 256 (64-key tiles) every mask kind without dropout
     // and the general mask with it (plain calls with dropout run there too); the plain,
     // block-sparse and tree kinds with dropout spilled 12–20 B and take `mma.sync`.
     // Which calls take them is the host's dispatch (`wgmma_pays`). `PERSISTENT`: about one
