@@ -67,7 +67,8 @@
 //! Shared memory (dynamic, 1024-byte aligned, [`crate::config::FwdTile::smem_bytes`]): Q
 //! `[BM][D]`, a ring of `STAGES` (K `[BN][D]`, V `[BN][D]`) stages in the layout of
 //! [`crate::gmma`] (which is TMA's 128-byte swizzle of 64-column boxes), where it fits
-//! (d = 64) each consumer warp's O stage `[16][D]` ([`store_output_staged`]: O leaves by
+//! (d = 64; the general kind with dropout at d = 128, whose 64-key tiles leave room) each
+//! consumer warp's O stage `[16][D]` ([`store_output_staged`]: O leaves by
 //! `stmatrix` and 16-byte stores), then the barriers.
 //! Registers per consumer thread: S `BN/2` f32, P `BN/4` packed, O `D/2` f32, m and l of 2
 //! rows. Sync points: one `bar.sync` after the barriers are initialised; from then on only
