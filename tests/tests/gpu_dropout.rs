@@ -19,7 +19,9 @@ use flash_attn_kernels::registry::MaskKind;
 use flash_attn_tests::gpu::{
     backward_case, device as gpu_device, forward_case, gpu_cases, upload, Layout,
 };
-use flash_attn_tests::{attention_mask_recipes, random_array, random_tree, Magnitude, MaskRecipe};
+use flash_attn_tests::{
+    attention_mask_recipes, mask_recipes, random_array, random_tree, Alibi, Magnitude, MaskRecipe,
+};
 use half::{bf16, f16};
 use ndarray::Array4;
 use proptest::prelude::*;
@@ -41,9 +43,35 @@ type DropoutCase = (
 );
 
 fn case_strategy() -> impl Strategy<Value = DropoutCase> {
+    let dims = &[16usize, 32, 40, 64, 80, 96, 128, 160, 256][..];
+    case_strategy_over(dims, attention_mask_recipes().boxed())
+}
+
+/// The calls of one kernel: windows, softcaps or ALiBi (at least one: the general mask) at
+/// d = 65..128, which on Hopper's `wgmma` path run the general mask's kernel with dropout at
+/// d = 128 (64-key tiles), so that a run can give that kernel thousands of cases of its own.
+fn general_mask_d128_strategy() -> impl Strategy<Value = DropoutCase> {
+    let general = mask_recipes().prop_filter("a window, softcap or ALiBi", |r| {
+        r.window.is_some() || r.softcap.is_some() || r.alibi != Alibi::None
+    });
+    case_strategy_over(&[80, 96, 128], general.boxed())
+}
+
+/// The calls at d ≤ 64, which on Hopper's `wgmma` path run the d = 64 kernels with dropout,
+/// so that a run can give them thousands of cases of their own.
+fn d64_strategy() -> impl Strategy<Value = DropoutCase> {
+    case_strategy_over(&[16, 32, 40, 64], attention_mask_recipes().boxed())
+}
+
+/// Random problems over head dims `dims` and masks `masks` (with the causal flag, scale and
+/// dropout probability drawn beside them).
+fn case_strategy_over(
+    dims: &'static [usize],
+    masks: BoxedStrategy<MaskRecipe>,
+) -> impl Strategy<Value = DropoutCase> {
     let lens = prop::sample::select(&[1usize, 7, 16, 31, 64, 65, 128, 129, 200, 257][..]);
     let heads = prop::sample::select(&[(1usize, 1usize), (2, 1), (4, 2), (3, 3), (8, 1)][..]);
-    let dims = prop::sample::select(&[16usize, 32, 40, 64, 80, 96, 128, 160, 256][..]);
+    let dims = prop::sample::select(dims);
     let scales = prop::sample::select(&[None, Some(0.3f32), Some(-0.25)][..]);
     // Training's values (FlashAttention's tests take up to 0.17). Not 0.5 or more here: with
     // few rows and a small head dim the naive yardstick's max error is sometimes under half (a
@@ -65,7 +93,7 @@ fn case_strategy() -> impl Strategy<Value = DropoutCase> {
     (
         (any::<u64>(), any::<u64>(), any::<u64>()),
         (1..3usize, lens.clone(), lens, heads, dims),
-        (any::<bool>(), scales, attention_mask_recipes(), probs),
+        (any::<bool>(), scales, masks, probs),
         (mags, layouts, modes),
     )
         .prop_map(|(seeds, sizes, options, (magnitude, layout, mode))| {
@@ -102,6 +130,34 @@ proptest! {
     fn forward_bf16_with_dropout((seed, shape, params, mag, layout, _) in case_strategy()) {
         if let Some(dev) = device() {
             prop_assert_eq!(forward_case::<bf16>(dev, seed, shape, &params, mag, layout), Ok(()));
+        }
+    }
+
+    #[test]
+    fn forward_general_mask_d128_with_dropout(
+        ((seed, shape, params, mag, layout, _), half) in (general_mask_d128_strategy(), any::<bool>())
+    ) {
+        if let Some(dev) = device() {
+            let result = if half {
+                forward_case::<f16>(dev, seed, shape, &params, mag, layout)
+            } else {
+                forward_case::<bf16>(dev, seed, shape, &params, mag, layout)
+            };
+            prop_assert_eq!(result, Ok(()));
+        }
+    }
+
+    #[test]
+    fn forward_d64_with_dropout(
+        ((seed, shape, params, mag, layout, _), half) in (d64_strategy(), any::<bool>())
+    ) {
+        if let Some(dev) = device() {
+            let result = if half {
+                forward_case::<f16>(dev, seed, shape, &params, mag, layout)
+            } else {
+                forward_case::<bf16>(dev, seed, shape, &params, mag, layout)
+            };
+            prop_assert_eq!(result, Ok(()));
         }
     }
 
