@@ -2,14 +2,17 @@
 //! numbers: as easy as 1, 2, 3", SC 2011; the generator FlashAttention and PyTorch use),
 //! counted by (batch, head, query, key) so that the mask of an element depends on nothing
 //! else: not on tile sizes, launch order, split counts, the GPU or the path. The GPU kernels,
-//! the CPU backend and the CPU reference all call [`DropoutRng::keep_bits`] (this module
+//! the CPU backend and the CPU reference all draw through [`DropoutRng::draw`] (this module
 //! compiles for the host too), so they draw the very same bits.
 //!
 //! # Which element gets which bits
 //!
-//! Each element gets 16 bits and is kept when they are `≥` [`DropoutArgs::threshold`]
-//! (`round(p·2¹⁶)`), so the kept fraction is `1 − p` within 2⁻¹⁷. One Philox call gives
-//! 128 bits, the 16 bits of 8 elements: query rows `{r, r + 8}` × keys `{c, c + 1, c + 8,
+//! Each element gets the low 14 bits of a 16-bit half of a Philox word and is kept when they
+//! are `≥` [`DropoutArgs::threshold`] (`round(p·2¹⁴)`), so the kept fraction is `1 − p`
+//! within 2⁻¹⁵. Fourteen bits rather than the half's sixteen: read as an f16, a value below
+//! 2¹⁴ is finite and non-negative, so the Hopper kernels compare both halves of a word with
+//! one `setp.ge.f16x2` (the integers' order; see [`DropoutRng::draw`]). One Philox call gives
+//! 128 bits, those of 8 elements: query rows `{r, r + 8}` × keys `{c, c + 1, c + 8,
 //! c + 9}` with `r = 16·⌊i/16⌋ + i mod 8` and `c = 16·⌊j/16⌋ + 2·⌊(j mod 8)/2⌋`, exactly what
 //! one thread holds of a 16 × 16 block of scores in the `mma.sync` m16n8 accumulator layout.
 //! The call's counter is `(4·⌊j/16⌋ + ⌊(j mod 8)/2⌋, 8·⌊i/16⌋ + i mod 8, batch·Hq + head,
@@ -20,6 +23,13 @@
 //! sequence.
 
 use crate::params::DropoutArgs;
+
+/// The bits of a Philox word that [`DropoutRng::draw`] keeps: the low 14 of each half.
+pub const RANDOM_HALVES: u32 = 0x3fff_3fff;
+
+/// The scale of [`DropoutArgs::threshold`]: `2¹⁴`, one more than the largest value of a half of
+/// [`DropoutRng::draw`].
+pub const THRESHOLD_SCALE: f64 = 16384.0;
 
 /// Philox 4×32's multipliers.
 const M0: u32 = 0xD251_1F53;
@@ -74,19 +84,40 @@ impl DropoutRng {
         }
     }
 
-    /// The keep bits of the 8 elements of one Philox call: rows `{r, r + 8}` × keys
+    /// The random values of the 8 elements of one Philox call: rows `{r, r + 8}` × keys
     /// `{c, c + 1, c + 8, c + 9}`, where `r` is a query with `r mod 16 < 8` and `c` an even key
-    /// with `c mod 16 < 8` (see the module docs). Bit `4·s + 2·u + e` is set when the element
-    /// (row `r + 8s`, key `c + 8u + e`) is kept.
+    /// with `c mod 16 < 8` (see the module docs). Word `2·s + u` holds keys `c + 8u` (low
+    /// half) and `c + 8u + 1` (high half) of row `r + 8s`, each half's value below 2¹⁴
+    /// ([`RANDOM_HALVES`] of the Philox word). An element is kept when its value is `≥`
+    /// [`Self::threshold`]; read as f16 halves, the values compare in the integers' order.
     #[inline(always)]
-    pub fn keep_bits(&self, r: u32, c: u32) -> u32 {
+    pub fn draw(&self, r: u32, c: u32) -> [u32; 4] {
         let counter = [
             4 * (c / 16) + (c % 8) / 2,
             8 * (r / 16) + r % 8,
             self.stream,
             self.offset_lo,
         ];
-        let words = philox4x32_10(counter, self.key);
+        philox4x32_10(counter, self.key).map(|word| word & RANDOM_HALVES)
+    }
+
+    /// The threshold of [`Self::draw`]'s values: `round(p·2¹⁴)`.
+    #[inline(always)]
+    pub fn threshold(&self) -> u32 {
+        self.threshold
+    }
+
+    /// [`Self::threshold`] in both 16-bit halves, to compare with a word of [`Self::draw`].
+    #[inline(always)]
+    pub fn threshold_pair(&self) -> u32 {
+        self.threshold | self.threshold << 16
+    }
+
+    /// The keep bits of the 8 elements of one Philox call ([`Self::draw`]): bit `4·s + 2·u + e`
+    /// is set when the element (row `r + 8s`, key `c + 8u + e`) is kept.
+    #[inline(always)]
+    pub fn keep_bits(&self, r: u32, c: u32) -> u32 {
+        let words = self.draw(r, c);
         let mut bits = 0;
         let mut w = 0;
         while w < 4 {
@@ -132,6 +163,32 @@ mod tests {
             ),
             [0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1]
         );
+    }
+
+    /// The f16 value of the bits `h` (finite, non-negative: below 0x7c00).
+    fn f16_value(h: u32) -> f64 {
+        let (exp, frac) = ((h >> 10) as i32, f64::from(h & 0x3ff));
+        if exp == 0 {
+            frac * 2f64.powi(-24)
+        } else {
+            (1.0 + frac / 1024.0) * 2f64.powi(exp - 15)
+        }
+    }
+
+    /// Read as f16 (subnormals kept), the values of `draw` and every threshold up to 2¹⁴ are
+    /// strictly increasing in their integer value, so the kernels' `setp.ge.f16x2` is the
+    /// integer comparison `keep_bits` makes.
+    #[test]
+    fn draw_values_compare_as_f16_in_integer_order() {
+        assert_eq!(RANDOM_HALVES & 0xffff, THRESHOLD_SCALE as u32 - 1);
+        assert_eq!(args(0.999_99, 1, 2).threshold, THRESHOLD_SCALE as u32);
+        for h in 1..=THRESHOLD_SCALE as u32 {
+            assert!(f16_value(h) > f16_value(h - 1), "{h:#x}");
+        }
+        let rng = DropoutRng::new(&args(0.5, 3, 4), 0, 0, 1);
+        for c in (0..64).step_by(2).filter(|c| c % 16 < 8) {
+            assert!(rng.draw(0, c).iter().all(|w| w & !RANDOM_HALVES == 0));
+        }
     }
 
     fn args(p: f32, seed: u64, offset: u64) -> DropoutArgs {

@@ -1,12 +1,13 @@
 //! Attention dropout on register tiles: the keep bits of [`DropoutRng`] applied to a warp's
 //! probabilities, in the forward (rows are queries) and in the backward (rows are keys).
 //!
-//! One Philox call gives the bits of 8 elements, a thread's share of a 16 × 16 block of the
+//! One Philox call gives the values of 8 elements, a thread's share of a 16 × 16 block of the
 //! forward's `mma` accumulator: rows `{g, g + 8}` × keys `{2t, 2t + 1, 2t + 8, 2t + 9}` (lane
 //! `4g + t`), the numbering of [`crate::rng`]. The backward's tile is the transpose, so a
-//! thread there needs half the bits of two calls; the two lanes `g` and `g ^ 1` need the same
-//! two calls, so each makes one and they swap the 8 bits with one shuffle: one call per 8
-//! elements on both sides.
+//! thread there needs half the values of two calls; the two lanes `g` and `g ^ 1` need the
+//! same two calls, so each makes one and they swap halves with two shuffles: one call per 8
+//! elements on both sides. Values are tested two at a time against the threshold with one
+//! `setp.ge.f16x2` ([`ptx::keep_halves_ge`]).
 
 use super::frag::{AccTile, FragPos, RowVec};
 use super::ptx;
@@ -21,7 +22,8 @@ pub fn rng_for(args: &DropoutArgs, batch: u32, head: u32, heads_q: u32) -> Dropo
 
 /// Forward: zeroes the dropped probabilities of a warp's P tile, whose thread rows are
 /// `rows` (queries; `rows.0[mt][0]` is `16·k + g`) and whose keys start at `key0`, a
-/// multiple of 16.
+/// multiple of 16. Each word of a call holds the values of two adjacent keys of one row, the
+/// pair of P one `setp.ge.f16x2` tests (see [`DropoutRng::draw`]).
 #[inline(always)]
 pub fn drop_probabilities<const MT: usize, const NT: usize>(
     rng: &DropoutRng,
@@ -30,16 +32,19 @@ pub fn drop_probabilities<const MT: usize, const NT: usize>(
     key0: u32,
     pos: FragPos,
 ) {
+    let threshold = rng.threshold_pair();
     for mt in 0..MT {
         for np in 0..NT / 2 {
-            let bits = rng.keep_bits(rows.0[mt][0], key0 + pos.col(2 * np, 0));
+            let words = rng.draw(rows.0[mt][0], key0 + pos.col(2 * np, 0));
             for r in 0..2 {
                 for u in 0..2 {
-                    for e in 0..2 {
-                        if bits >> (4 * r + 2 * u + e) & 1 == 0 {
-                            p.set(mt, r, 2 * np + u, e, 0.0);
-                        }
-                    }
+                    let nt = 2 * np + u;
+                    let pair = (p.get(mt, r, nt, 0), p.get(mt, r, nt, 1));
+                    // SAFETY: arithmetic only.
+                    let (lo, hi) =
+                        unsafe { ptx::keep_halves_ge::<false>(words[2 * r + u], threshold, pair) };
+                    p.set(mt, r, nt, 0, lo);
+                    p.set(mt, r, nt, 1, hi);
                 }
             }
         }
@@ -51,7 +56,7 @@ pub fn drop_probabilities<const MT: usize, const NT: usize>(
 /// needs the value, dV must not see it; see [`crate::device::bwd`]).
 ///
 /// # Safety
-/// The whole warp calls it (one shuffle).
+/// The whole warp calls it (two shuffles).
 #[inline(always)]
 pub unsafe fn mark_dropped<const NT: usize>(
     rng: &DropoutRng,
@@ -61,26 +66,39 @@ pub unsafe fn mark_dropped<const NT: usize>(
     pos: FragPos,
 ) {
     // Lane 4g + t holds keys {g, g + 8}: those of the call at keys (g & !1) + {0, 1, 8, 9},
-    // bit (g & 1); and queries 16·np + {2t, 2t + 1, 2t + 8, 2t + 9}: those of the calls at
-    // rows 16·np + 2t + e (e = 0, 1), row half by query half. It makes the call of
-    // e = g & 1 and takes the other from lane g ^ 1.
+    // the half g & 1 of its words; and queries 16·np + {2t, 2t + 1, 2t + 8, 2t + 9}: those of
+    // the calls at rows 16·np + 2t + e (e = 0, 1), word pair by query half. It makes the call
+    // of e = g & 1, keeps its words' halves g & 1 and gives the others to lane g ^ 1, whose
+    // call's halves g & 1 it takes: each lane then holds, per call, the halves of words
+    // (0, 1) in one register and (2, 3) in another, one `setp.ge.f16x2` each.
     let (key_pair, odd) = (key0 + (pos.row(0, 0) & !1), pos.row(0, 0) & 1);
+    // `prmt` selectors: the low halves of two words, or their high halves.
+    let (own_halves, given_halves) = if odd == 0 {
+        (0x5410, 0x7632)
+    } else {
+        (0x7632, 0x5410)
+    };
+    let threshold = rng.threshold_pair();
     for np in 0..NT / 2 {
-        let mine = rng.keep_bits(row0 + pos.col(2 * np, odd as usize), key_pair);
-        let other = ptx::shfl_sync_bfly::<4>(f32::from_bits(mine)).to_bits();
-        let calls = if odd == 0 {
-            [mine, other]
-        } else {
-            [other, mine]
-        };
-        for k in 0..2 {
+        let w = rng.draw(row0 + pos.col(2 * np, odd as usize), key_pair);
+        let own = [
+            ptx::prmt(w[0], w[1], own_halves),
+            ptx::prmt(w[2], w[3], own_halves),
+        ];
+        let given = [
+            ptx::prmt(w[0], w[1], given_halves),
+            ptx::prmt(w[2], w[3], given_halves),
+        ];
+        let taken = given.map(|x| ptx::shfl_sync_bfly::<4>(f32::from_bits(x)).to_bits());
+        // Element (key half k, query half s, e): call e's word 2s + k.
+        for e in 0..2 {
+            let calls = if (e as u32) == odd { own } else { taken };
             for s in 0..2 {
-                for e in 0..2 {
-                    if calls[e] >> (4 * s + 2 * k + odd as usize) & 1 == 0 {
-                        let x = pt.get(0, k, 2 * np + s, e);
-                        pt.set(0, k, 2 * np + s, e, -x);
-                    }
-                }
+                let nt = 2 * np + s;
+                let pair = (pt.get(0, 0, nt, e), pt.get(0, 1, nt, e));
+                let (k0, k1) = ptx::keep_halves_ge::<true>(calls[s], threshold, pair);
+                pt.set(0, 0, nt, e, k0);
+                pt.set(0, 1, nt, e, k1);
             }
         }
     }

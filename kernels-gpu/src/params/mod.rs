@@ -181,7 +181,8 @@ pub struct DropoutArgs {
     pub seed: u64,
     /// Philox offset (a second key, so that calls with one seed draw different masks).
     pub offset: u64,
-    /// An element is dropped when its 16 random bits are below this: `round(p·2¹⁶)`.
+    /// An element is dropped when its 14 random bits are below this: `round(p·2¹⁴)` (see
+    /// [`crate::rng`]).
     pub threshold: u32,
     /// `1 / (1 − p)`: what kept probabilities are multiplied by.
     pub scale: f32,
@@ -199,7 +200,7 @@ impl DropoutArgs {
         Self {
             seed,
             offset,
-            threshold: (p as f64 * 65536.0 + 0.5) as u32,
+            threshold: (p as f64 * crate::rng::THRESHOLD_SCALE + 0.5) as u32,
             scale: (1.0 / (1.0 - p as f64)) as f32,
             batch0,
             reserved: 0,

@@ -339,9 +339,17 @@ impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
             true
         };
         if DROPOUT && done {
-            drop_probabilities(self.rng, s, self.rows, self.key0, pos);
+            self.drop_out(s);
         }
         done
+    }
+
+    /// Dropout on the tile's probabilities (`s` holds P): see [`drop_probabilities`].
+    #[inline(always)]
+    pub fn drop_out<const NT: usize>(&self, s: &mut AccTile<MT, NT>) {
+        // SAFETY: `opaque_u32` is arithmetic only.
+        let pos = FragPos::of(unsafe { ptx::opaque_u32(self.lane) });
+        drop_probabilities(self.rng, s, self.rows, self.key0, pos);
     }
 }
 

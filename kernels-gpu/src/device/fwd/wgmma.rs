@@ -889,7 +889,8 @@ impl<
     };
 
     /// P (in place) from S of key tile `n`; returns the factor O's rows must be multiplied by,
-    /// if a row maximum moved.
+    /// if a row maximum moved. Dropout comes after the masked and unmasked branches meet, in
+    /// one place (LLVM does not merge the branches' copies itself: they hold inline asm).
     #[inline(always)]
     unsafe fn softmax<const NT: usize>(
         &self,
@@ -903,9 +904,12 @@ impl<
             .mask
             .tile_needs_mask(self.row0, BM as u32, n, BN as u32)
         {
-            tile.scores_to_probabilities::<true, DROPOUT, NT>(s, softmax, &mut factor, tuning);
+            tile.scores_to_probabilities::<true, false, NT>(s, softmax, &mut factor, tuning);
         } else {
-            tile.scores_to_probabilities::<false, DROPOUT, NT>(s, softmax, &mut factor, tuning);
+            tile.scores_to_probabilities::<false, false, NT>(s, softmax, &mut factor, tuning);
+        }
+        if DROPOUT {
+            tile.drop_out(s);
         }
         factor
     }
