@@ -2346,6 +2346,42 @@ pub(crate) static EMBEDDED: &[(&str, &str, &[u8], &[u8])] = &[
     ),
     (
         "sm90a",
+        "flash_bwd_wgmma_masked_dropout_f16_d64",
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_dropout_f16_d64.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_dropout_f16_d64.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_masked_dropout_bf16_d64",
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_dropout_bf16_d64.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_masked_dropout_bf16_d64.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_sparse_dropout_f16_d128",
+        include_bytes!("sm90a/flash_bwd_wgmma_sparse_dropout_f16_d128.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_sparse_dropout_f16_d128.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_sparse_dropout_bf16_d128",
+        include_bytes!("sm90a/flash_bwd_wgmma_sparse_dropout_bf16_d128.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_sparse_dropout_bf16_d128.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_tree_dropout_f16_d128",
+        include_bytes!("sm90a/flash_bwd_wgmma_tree_dropout_f16_d128.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_tree_dropout_f16_d128.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_bwd_wgmma_tree_dropout_bf16_d128",
+        include_bytes!("sm90a/flash_bwd_wgmma_tree_dropout_bf16_d128.ptx.z"),
+        include_bytes!("sm90a/flash_bwd_wgmma_tree_dropout_bf16_d128.cubin.z"),
+    ),
+    (
+        "sm90a",
         "flash_bwd_wgmma_f16_d128",
         include_bytes!("sm90a/flash_bwd_wgmma_f16_d128.ptx.z"),
         include_bytes!("sm90a/flash_bwd_wgmma_f16_d128.cubin.z"),

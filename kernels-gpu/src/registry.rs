@@ -955,16 +955,20 @@ registry! {
     // here take `mma.sync` (`bwd_wgmma_kernel`; the host's dispatch picks), and so do calls
     // with a softcap (a d logit / d s tile per score spilled 64–848 B; the general mask's
     // kernels here take windows and ALiBi, whose derivative is one value per tile). Missing
-    // because ptxas spilled them or gave them a stack frame (sm_90a, 255 registers): dropout
-    // at d = 64 (a 256-byte frame), dropout with the general, block-sparse and tree masks at
-    // d = 128 (128–152 B frames; 4–188 B).
+    // because ptxas spilled them: dropout with the general mask at d = 128 (88 B frame, 168 B
+    // of spills with the f16-pair keep test; 128–152 B frames before it). Not built yet: the
+    // block-sparse and tree masks with dropout at d = 64.
     bwd_wgmma {
         64 Causal PLAIN [flash_bwd_wgmma_f16_d64, flash_bwd_wgmma_bf16_d64] 128;
         64 Masked PLAIN [flash_bwd_wgmma_masked_f16_d64, flash_bwd_wgmma_masked_bf16_d64] 128;
         64 Sparse PLAIN [flash_bwd_wgmma_sparse_f16_d64, flash_bwd_wgmma_sparse_bf16_d64] 128;
         64 Tree PLAIN [flash_bwd_wgmma_tree_f16_d64, flash_bwd_wgmma_tree_bf16_d64] 128;
-        // With dropout, 64-row query tiles (with 128 the generator left a 256-byte stack).
-        64 Causal DROPOUT [flash_bwd_wgmma_dropout_f16_d64, flash_bwd_wgmma_dropout_bf16_d64] 64;
+        // With dropout, 128-row query tiles since the keep test works on f16 pairs (with the
+        // bit-packing test of before, 128 rows left a 256-byte stack and the kernel ran 64).
+        64 Causal DROPOUT [flash_bwd_wgmma_dropout_f16_d64, flash_bwd_wgmma_dropout_bf16_d64] 128;
+        64 Masked DROPOUT [flash_bwd_wgmma_masked_dropout_f16_d64, flash_bwd_wgmma_masked_dropout_bf16_d64] 64;
+        128 Sparse DROPOUT [flash_bwd_wgmma_sparse_dropout_f16_d128, flash_bwd_wgmma_sparse_dropout_bf16_d128] 64;
+        128 Tree DROPOUT [flash_bwd_wgmma_tree_dropout_f16_d128, flash_bwd_wgmma_tree_dropout_bf16_d128] 64;
         128 Causal PLAIN [flash_bwd_wgmma_f16_d128, flash_bwd_wgmma_bf16_d128] 64;
         128 Causal DROPOUT [flash_bwd_wgmma_dropout_f16_d128, flash_bwd_wgmma_dropout_bf16_d128] 64;
         128 Masked PLAIN [flash_bwd_wgmma_masked_f16_d128, flash_bwd_wgmma_masked_bf16_d128] 64;

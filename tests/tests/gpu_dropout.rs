@@ -416,9 +416,9 @@ fn every_dropout_kernel() {
 }
 
 /// On Hopper the backward's default path takes the `wgmma` kernels with dropout and no other
-/// mask at head dims up to 128 (d ≤ 64 on the d = 64 kernel's 64-row query tiles), so this
-/// suite's backward cases run them; other masks with dropout, larger head dims and
-/// `FLASH_ATTN_BWD=mma` take `mma.sync`.
+/// mask at head dims up to 128, and those of the general mask at d ≤ 64 and of the
+/// block-sparse and tree masks at 65–128, so this suite's backward cases run them; the other
+/// masks with dropout, larger head dims and `FLASH_ATTN_BWD=mma` take `mma.sync`.
 #[test]
 fn backward_with_dropout_dispatch_follows_the_path() {
     let Some(dev) = device() else { return };
@@ -440,7 +440,10 @@ fn backward_with_dropout_dispatch_follows_the_path() {
             window: Some((64, 0)),
             ..params
         };
+        // The general mask with dropout has a `wgmma` backward at d = 64, not at d = 128.
         let name = backward_kernel_name(dev, DType::BF16, 64, &windowed).unwrap();
+        assert_eq!(name.contains("wgmma"), wgmma, "{name}");
+        let name = backward_kernel_name(dev, DType::BF16, 128, &windowed).unwrap();
         assert!(!name.contains("wgmma"), "{name}");
     }
 }
