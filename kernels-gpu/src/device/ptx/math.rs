@@ -82,31 +82,28 @@ pub unsafe fn keep_halves_ge<const NEGATE: bool>(a: u32, b: u32, x: (f32, f32)) 
             if keep_hi { x.1 } else { other(x.1) },
         );
     }
-    let (lo, hi): (f32, f32);
-    if NEGATE {
-        asm!(
-            "{{ .reg .pred p, q; .reg .f32 nl, nh; setp.ge.f16x2 p|q, {a}, {b}; neg.f32 nl, {xl}; neg.f32 nh, {xh}; selp.f32 {lo}, {xl}, nl, p; selp.f32 {hi}, {xh}, nh, q; }}",
-            lo = out(reg32) lo,
-            hi = out(reg32) hi,
-            a = in(reg32) a,
-            b = in(reg32) b,
-            xl = in(reg32) x.0,
-            xh = in(reg32) x.1,
-            options(pure, nomem, nostack)
-        );
-    } else {
-        asm!(
-            "{{ .reg .pred p, q; setp.ge.f16x2 p|q, {a}, {b}; selp.f32 {lo}, {xl}, 0f00000000, p; selp.f32 {hi}, {xh}, 0f00000000, q; }}",
-            lo = out(reg32) lo,
-            hi = out(reg32) hi,
-            a = in(reg32) a,
-            b = in(reg32) b,
-            xl = in(reg32) x.0,
-            xh = in(reg32) x.1,
-            options(pure, nomem, nostack)
-        );
+    // One operand list for both templates.
+    macro_rules! test_halves {
+        ($template:literal) => {{
+            let (lo, hi): (f32, f32);
+            asm!(
+                $template,
+                lo = out(reg32) lo,
+                hi = out(reg32) hi,
+                a = in(reg32) a,
+                b = in(reg32) b,
+                xl = in(reg32) x.0,
+                xh = in(reg32) x.1,
+                options(pure, nomem, nostack)
+            );
+            (lo, hi)
+        }};
     }
-    (lo, hi)
+    if NEGATE {
+        test_halves!("{{ .reg .pred p, q; .reg .f32 nl, nh; setp.ge.f16x2 p|q, {a}, {b}; neg.f32 nl, {xl}; neg.f32 nh, {xh}; selp.f32 {lo}, {xl}, nl, p; selp.f32 {hi}, {xh}, nh, q; }}")
+    } else {
+        test_halves!("{{ .reg .pred p, q; setp.ge.f16x2 p|q, {a}, {b}; selp.f32 {lo}, {xl}, 0f00000000, p; selp.f32 {hi}, {xh}, 0f00000000, q; }}")
+    }
 }
 
 /// The bytes of `(a, b)` picked by `selector` (`prmt.b32`: nibble `i` of the selector names
