@@ -88,8 +88,8 @@ impl DropoutRng {
     /// `{c, c + 1, c + 8, c + 9}`, where `r` is a query with `r mod 16 < 8` and `c` an even key
     /// with `c mod 16 < 8` (see the module docs). Word `2·s + u` holds keys `c + 8u` (low
     /// half) and `c + 8u + 1` (high half) of row `r + 8s`, each half's value below 2¹⁴
-    /// ([`RANDOM_HALVES`] of the Philox word). An element is kept when its value is `≥`
-    /// [`Self::threshold`]; read as f16 halves, the values compare in the integers' order.
+    /// ([`RANDOM_HALVES`] of the Philox word). An element is kept when its value is `≥` the
+    /// threshold ([`DropoutArgs::threshold`]); read as f16 halves, the values compare in the integers' order.
     #[inline(always)]
     pub fn draw(&self, r: u32, c: u32) -> [u32; 4] {
         let counter = [
@@ -101,13 +101,8 @@ impl DropoutRng {
         philox4x32_10(counter, self.key).map(|word| word & RANDOM_HALVES)
     }
 
-    /// The threshold of [`Self::draw`]'s values: `round(p·2¹⁴)`.
-    #[inline(always)]
-    pub fn threshold(&self) -> u32 {
-        self.threshold
-    }
-
-    /// [`Self::threshold`] in both 16-bit halves, to compare with a word of [`Self::draw`].
+    /// The threshold of [`Self::draw`]'s values (`round(p·2¹⁴)`) in both 16-bit halves, to
+    /// compare with a word of [`Self::draw`].
     #[inline(always)]
     pub fn threshold_pair(&self) -> u32 {
         self.threshold | self.threshold << 16
