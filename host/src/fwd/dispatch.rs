@@ -83,15 +83,22 @@ pub(crate) fn fwd_kernel(
 }
 
 /// Whether a forward call over `seqlen_k` keys at `head_dim` under `mask` (with or without
-/// `dropout`) gains on Hopper's `wgmma` kernels over the `mma.sync` ones. At d > 128 (the
-/// d = 256 kernel) from 512 keys, causal or not; else at least 1,024 keys, and under a causal
-/// mask or a window (which halve the keys a query tile visits) 2,048, or 4,096 at d ≤ 64 on
-/// a kernel of two consumer warpgroups (the general mask's: windows, ALiBi, softcaps).
-/// Measured on the H100 (docs/perf-notes.md): within 1 % of `mma.sync` at 512 keys and at
-/// 1,024 causal (d = 128), 0.95–0.98× at 2,048 causal with d = 64 on two consumer
-/// warpgroups and 1.08–1.09× on three, 1.05–1.85× on every row the thresholds admit at d = 64
-/// and 128; at d = 96 (on the d = 128 kernel) 0.94× at 512 causal, 1.14–1.80× from 1,024
-/// keys; at d = 256 1.48–3.01× from 512 keys.
+/// `dropout`) gains on Hopper's `wgmma` kernels over the `mma.sync` ones: at d > 128 (the
+/// d = 256 kernel) from 512 keys, at d = 33–128 from 1,024 keys whatever the mask, causal or
+/// not; at d ≤ 32 (run on the d = 64 kernels) from 1,024 keys, and under a causal mask or a
+/// window (which halve the keys a query tile visits) 2,048, or 4,096 on a kernel of two
+/// consumer warpgroups (the general mask's: windows, ALiBi, softcaps).
+///
+/// Measured on the H200 on 2026-11-27 (docs/perf-notes.md, "the forward's dispatch at short
+/// lengths"), both paths of the same build in one call: with FlashAttention's shapes
+/// (B·N = 16K tokens) `wgmma` took 0.40–0.83× the time of `mma.sync` on every row from 512
+/// keys at d = 64, 96, 128 and 256, causal or not, f16 and bf16; one sequence of 16 heads
+/// (the masks bench, bf16) at d = 64 and 128 0.64–1.00× on every mask row from 1,024 keys
+/// (but one block-sparse row of 25 µs, 1.08×), while at 512 keys, where such a call takes
+/// 11–30 µs, `mma.sync` was faster on 8 of 18 rows (up to 1.5×, block-sparse). At d = 32
+/// `wgmma` took 1.02–1.05× at 512 keys, 0.96–1.00× at 1,024 (causal: 1.00), 0.87–0.92× from
+/// 2,048. Until then the thresholds were those measured on the H100 on 2026-11-23, before
+/// the persistent kernels: 2,048 causal keys at d = 65–128, and 2,048 or 4,096 at d ≤ 64.
 pub(crate) fn wgmma_pays(
     head_dim: usize,
     seqlen_k: usize,
@@ -103,8 +110,7 @@ pub(crate) fn wgmma_pays(
         .is_some_and(|k| k.tile(Arch::Sm90a).block_m > 128);
     let min_keys = match (causal_or_window, head_dim) {
         (_, 129..) => 512,
-        (false, _) => 1024,
-        (true, 65..) => 2048,
+        (_, 33..) | (false, _) => 1024,
         (true, _) if three_warpgroups => 2048,
         (true, _) => 4096,
     };
@@ -229,17 +235,21 @@ mod tests {
     fn wgmma_takes_long_calls_only() {
         let pays = |d, n, causal_or_window, mask| wgmma_pays(d, n, causal_or_window, mask, false);
         let (plain, general) = (MaskKind::Causal, MaskKind::Masked);
-        assert!(!pays(128, 512, false, plain) && pays(128, 1024, false, plain));
-        assert!(!pays(128, 1024, true, plain) && pays(128, 2048, true, plain));
-        assert!(!pays(64, 512, false, plain) && pays(64, 1024, false, plain));
-        // Causal plain calls at d <= 64 run three consumer warpgroups, windows two.
-        assert!(!pays(64, 1024, true, plain) && pays(64, 2048, true, plain));
-        assert!(!pays(64, 2048, true, general) && pays(64, 4096, true, general));
-        assert!(
-            !wgmma_pays(64, 2048, true, plain, true) && wgmma_pays(64, 4096, true, plain, true)
-        );
+        for d in [64, 96, 128] {
+            for causal in [false, true] {
+                for mask in [plain, general, MaskKind::Sparse, MaskKind::Tree] {
+                    assert!(!pays(d, 512, causal, mask) && pays(d, 1024, causal, mask));
+                    assert!(!wgmma_pays(d, 1023, causal, mask, true));
+                    assert!(wgmma_pays(d, 1024, causal, mask, true));
+                }
+            }
+        }
+        // At d <= 32 causal plain calls run three consumer warpgroups, windows two.
+        assert!(!pays(32, 512, false, plain) && pays(32, 1024, false, plain));
+        assert!(!pays(32, 1024, true, plain) && pays(32, 2048, true, plain));
+        assert!(!pays(32, 2048, true, general) && pays(32, 4096, true, general));
         assert!(!pays(256, 256, false, plain) && pays(256, 512, false, plain));
-        assert!(pays(200, 512, true, plain) && pays(96, 1024, false, general));
+        assert!(pays(200, 512, true, plain) && pays(96, 1024, true, general));
     }
 
     #[test]

@@ -16,7 +16,8 @@
 //! table was checked once before the timed calls (`HostBlockTable::checked`).
 //!
 //! `--op masks` times the mask family and varlen instead (see `masks.rs`): rows with a `mask`
-//! key, N = 16K and 64K (`--quick`: 16K; `--n` picks one).
+//! key, N = 16K and 64K (`--quick`: 16K; `--n` picks one), d = 128 (`--d` picks another for
+//! the mask family's rows).
 //!
 //! `--op dropout` times attention dropout (see `dropout.rs`): rows with a `dropout` key,
 //! p = 0.1 beside p = 0.
@@ -400,7 +401,7 @@ fn main() {
                 (None, true) => vec![16384],
                 (None, false) => vec![16384, 65536],
             };
-            masks::bench_masks(&dev, reps, &ns)
+            masks::bench_masks(&dev, reps, &ns, args.d.unwrap_or(128))
         } else {
             bench_decode(&dev, reps, quick, args.n, args.batch, args.splits)
         }

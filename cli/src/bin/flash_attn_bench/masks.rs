@@ -1,5 +1,5 @@
-//! `--op masks`: the mask family's rows (bf16, d = 128, H = 16, one sequence of N = 16K or
-//! 64K tokens): causal, a 4K causal window, causal ALiBi, causal softcap, and block-sparse masks
+//! `--op masks`: the mask family's rows (bf16, d = 128 or `--d`, H = 16, one sequence of
+//! N = 16K or 64K tokens): causal, a 4K causal window, causal ALiBi, causal softcap, and block-sparse masks
 //! at densities 1 to 1/16, forward and forward + backward; a tree of 64 draft tokens after a
 //! prefix of N cached keys; and a ragged varlen batch (lengths
 //! 128–16K, 64K tokens) beside the per-sequence calls it replaces. `xtask/scripts/bench_torch.py`
@@ -116,11 +116,12 @@ pub(crate) fn tensor(dev: &Device, shape: &[usize], seed: u64) -> Result<DeviceT
     DeviceTensor::from_host(dev, shape, &v)
 }
 
-/// The mask rows (see the module docs).
-pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize]) -> Result<Vec<Value>> {
+/// The mask rows (see the module docs); the mask family's at head dim `d` (`--d`, default
+/// 128; the tree and varlen rows stay at 128).
+pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize], d: usize) -> Result<Vec<Value>> {
     let mut rows = Vec::new();
     for &n in ns {
-        let shape = [1, n, H, D];
+        let shape = [1, n, H, d];
         let (q, k, v, d_o) = (
             tensor(dev, &shape, 1)?,
             tensor(dev, &shape, 2)?,
@@ -148,7 +149,7 @@ pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize]) -> Result<Vec<Value>
             for (op, ms) in times {
                 eprintln!("{op:<7} {:<18} n={n:<6} {ms:>9.3} ms", case.name);
                 let mut row = json!({
-                    "op": op, "mask": case.name, "dtype": "bf16", "d": D, "h": H, "b": 1, "n": n,
+                    "op": op, "mask": case.name, "dtype": "bf16", "d": d, "h": H, "b": 1, "n": n,
                     "causal": p.causal, "ours_ms": ms,
                 });
                 for (key, value) in case.extra.as_object().expect("object") {
