@@ -873,8 +873,9 @@ registry! {
     // its calls run on the general kernel (`fwd_wgmma_kernel`) where those tiles do not pay
     // (`Keys::take_wide_tiles`; a plain kernel of the general one's tiles ran 5–13 % slower
     // than it on the same calls, H100, docs/perf-notes.md, two consumer warpgroups). At d = 256 (64-key tiles) every mask kind without dropout
-    // and the general mask with it (plain calls with dropout run there too); the plain,
-    // block-sparse and tree kinds with dropout spilled 12–20 B and take `mma.sync`.
+    // and the general and tree masks with it (plain calls with dropout run on the general
+    // kernel); the block-sparse mask with dropout spills (12 B since the f16-pair keep test)
+    // and takes `mma.sync`.
     // Which calls take them is the host's dispatch (`wgmma_pays`). `PERSISTENT`: about one
     // block per SM taking query tiles from a counter (`FwdTile::persistent`), for the kernels
     // of plain calls at d = 64 and 128 (`PER_TILE`: one block per query tile).
@@ -901,6 +902,9 @@ registry! {
         256 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d256, flash_fwd_wgmma_sparse_bf16_d256] 128 64 PER_TILE;
         256 Tree PLAIN [flash_fwd_wgmma_tree_f16_d256, flash_fwd_wgmma_tree_bf16_d256] 128 64 PER_TILE;
         256 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d256, flash_fwd_wgmma_masked_dropout_bf16_d256] 128 64 PER_TILE;
+        // The tree mask with dropout fits at d = 256 since the keep test works on f16 pairs;
+        // the block-sparse mask's spills (12 B) and its calls take `mma.sync`.
+        256 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d256, flash_fwd_wgmma_tree_dropout_bf16_d256] 128 64 PER_TILE;
     }
     // Backward rows: the tile `(key_warps, d_split, block_m, staged_dq)` per target; dQ goes
     // through shared memory and the bulk copy engine where the target has one (sm_90a).
@@ -956,8 +960,7 @@ registry! {
     // with a softcap (a d logit / d s tile per score spilled 64–848 B; the general mask's
     // kernels here take windows and ALiBi, whose derivative is one value per tile). Missing
     // because ptxas spilled them: dropout with the general mask at d = 128 (88 B frame, 168 B
-    // of spills with the f16-pair keep test; 128–152 B frames before it). Not built yet: the
-    // block-sparse and tree masks with dropout at d = 64.
+    // of spills with the f16-pair keep test; 128–152 B frames before it).
     bwd_wgmma {
         64 Causal PLAIN [flash_bwd_wgmma_f16_d64, flash_bwd_wgmma_bf16_d64] 128;
         64 Masked PLAIN [flash_bwd_wgmma_masked_f16_d64, flash_bwd_wgmma_masked_bf16_d64] 128;
@@ -967,6 +970,8 @@ registry! {
         // bit-packing test of before, 128 rows left a 256-byte stack and the kernel ran 64).
         64 Causal DROPOUT [flash_bwd_wgmma_dropout_f16_d64, flash_bwd_wgmma_dropout_bf16_d64] 128;
         64 Masked DROPOUT [flash_bwd_wgmma_masked_dropout_f16_d64, flash_bwd_wgmma_masked_dropout_bf16_d64] 64;
+        64 Sparse DROPOUT [flash_bwd_wgmma_sparse_dropout_f16_d64, flash_bwd_wgmma_sparse_dropout_bf16_d64] 64;
+        64 Tree DROPOUT [flash_bwd_wgmma_tree_dropout_f16_d64, flash_bwd_wgmma_tree_dropout_bf16_d64] 64;
         128 Sparse DROPOUT [flash_bwd_wgmma_sparse_dropout_f16_d128, flash_bwd_wgmma_sparse_dropout_bf16_d128] 64;
         128 Tree DROPOUT [flash_bwd_wgmma_tree_dropout_f16_d128, flash_bwd_wgmma_tree_dropout_bf16_d128] 64;
         128 Causal PLAIN [flash_bwd_wgmma_f16_d128, flash_bwd_wgmma_bf16_d128] 64;
@@ -1201,13 +1206,12 @@ mod tests {
                     let k = fwd_wgmma_kernel(d, mask, dropout);
                     // (The general mask with dropout at d = 128 spilled at 128-key tiles and
                     // runs 64-key ones.)
-                    let spills =
-                        d == 256 && matches!(mask, MaskKind::Sparse | MaskKind::Tree) && dropout;
+                    let spills = d == 256 && mask == MaskKind::Sparse && dropout;
                     assert_eq!(k.is_none(), spills, "{d} {mask:?} {dropout}");
                     // Plain calls without dropout have their own kernel at d = 64 (three
                     // consumer warpgroups) and 128 (176-key tiles, which the host takes only
                     // where they pay, else the general kernel), the general one at d = 256;
-                    // so do those with dropout at d = 256 (the plain kernel spills there).
+                    // so do those with dropout at d = 256 (a plain kernel there is not built).
                     let own = d <= 128 && !dropout;
                     let general = mask == MaskKind::Causal && !own && (!dropout || d == 256);
                     let kind = if general { MaskKind::Masked } else { mask };
@@ -1254,6 +1258,17 @@ mod tests {
             (d(64), d(100), d(128), d(256)),
             (Some(64), Some(128), Some(128), None)
         );
+        // With dropout: every kind up to d = 128 but the general mask above 64.
+        for mask in [MaskKind::Causal, MaskKind::Sparse, MaskKind::Tree] {
+            for d in [32, 64, 128] {
+                assert!(
+                    bwd_wgmma_kernel(d, mask, true, false).is_some(),
+                    "{mask:?} {d}"
+                );
+            }
+        }
+        assert!(bwd_wgmma_kernel(64, MaskKind::Masked, true, false).is_some());
+        assert!(bwd_wgmma_kernel(128, MaskKind::Masked, true, false).is_none());
     }
 
     #[test]

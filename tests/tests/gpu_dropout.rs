@@ -417,7 +417,7 @@ fn every_dropout_kernel() {
 
 /// On Hopper the backward's default path takes the `wgmma` kernels with dropout and no other
 /// mask at head dims up to 128, and those of the general mask at d ≤ 64 and of the
-/// block-sparse and tree masks at 65–128, so this suite's backward cases run them; the other
+/// block-sparse and tree masks up to 128, so this suite's backward cases run them; the other
 /// masks with dropout, larger head dims and `FLASH_ATTN_BWD=mma` take `mma.sync`.
 #[test]
 fn backward_with_dropout_dispatch_follows_the_path() {
