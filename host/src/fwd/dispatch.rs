@@ -91,9 +91,9 @@ pub(crate) fn fwd_kernel(
 ///
 /// Measured on the H200 on 2026-11-27 (docs/perf-notes.md, "the forward's dispatch at short
 /// lengths"), both paths of the same build in one call: with FlashAttention's shapes
-/// (B·N = 16K tokens) `wgmma` took 0.40–0.83× the time of `mma.sync` on every row from 512
-/// keys at d = 64, 96, 128 and 256, causal or not, f16 and bf16; one sequence of 16 heads
-/// (the masks bench, bf16) at d = 64 and 128 0.64–1.00× on every mask row from 1,024 keys
+/// (B·N = 16K tokens) `wgmma` took 0.33–0.84× the time of `mma.sync` on every row from 512
+/// to 4,096 keys at d = 64, 96, 128 and 256, causal or not, f16 and bf16; one sequence of 16
+/// heads (the masks bench, bf16) at d = 64 and 128 0.36–1.00× on every mask row from 1,024 keys
 /// (but one block-sparse row of 25 µs, 1.08×), while at 512 keys, where such a call takes
 /// 11–30 µs, `mma.sync` was faster on 8 of 18 rows (up to 1.5×, block-sparse). At d = 32
 /// `wgmma` took 1.02–1.05× at 512 keys, 0.96–1.00× at 1,024 (causal: 1.00), 0.87–0.92× from
