@@ -103,3 +103,66 @@ pub unsafe fn mark_dropped<const NT: usize>(
         }
     }
 }
+
+/// Backward: the values [`mark_dropped`] tests, drawn (and exchanged between the lane pairs)
+/// before the scores exist, for the calls `np` in `first..end` (of `NT / 2`): `[0][nt]` the
+/// lane's own word of n-tile `nt`, `[1][nt]` the one its partner lane gave. Other entries stay
+/// zero. [`mark_drawn`] applies them.
+///
+/// # Safety
+/// The whole warp calls it (two shuffles per call).
+#[inline(always)]
+pub unsafe fn draw_marks<const NT: usize>(
+    rng: &DropoutRng,
+    key0: u32,
+    row0: u32,
+    pos: FragPos,
+    (first, end): (usize, usize),
+) -> [[u32; NT]; 2] {
+    let (key_pair, odd) = (key0 + (pos.row(0, 0) & !1), pos.row(0, 0) & 1);
+    let (own_halves, given_halves) = if odd == 0 {
+        (0x5410, 0x7632)
+    } else {
+        (0x7632, 0x5410)
+    };
+    let mut drawn = [[0u32; NT]; 2];
+    for np in first..end {
+        let w = rng.draw(row0 + pos.col(2 * np, odd as usize), key_pair);
+        for s in 0..2 {
+            drawn[0][2 * np + s] = ptx::prmt(w[2 * s], w[2 * s + 1], own_halves);
+            let given = ptx::prmt(w[2 * s], w[2 * s + 1], given_halves);
+            drawn[1][2 * np + s] = ptx::shfl_sync_bfly::<4>(f32::from_bits(given)).to_bits();
+        }
+    }
+    drawn
+}
+
+/// Backward: [`mark_dropped`] with the values of n-tiles `first..end` drawn before
+/// ([`draw_marks`]).
+///
+/// # Safety
+/// Arithmetic only.
+#[inline(always)]
+pub unsafe fn mark_drawn<const NT: usize>(
+    rng: &DropoutRng,
+    pt: &mut AccTile<1, NT>,
+    drawn: &[[u32; NT]; 2],
+    pos: FragPos,
+    (first, end): (usize, usize),
+) {
+    let odd = pos.row(0, 0) & 1;
+    let threshold = rng.threshold_pair();
+    for nt in first..end {
+        for e in 0..2 {
+            let word = if (e as u32) == odd {
+                drawn[0][nt]
+            } else {
+                drawn[1][nt]
+            };
+            let pair = (pt.get(0, 0, nt, e), pt.get(0, 1, nt, e));
+            let (k0, k1) = ptx::keep_halves_ge::<true>(word, threshold, pair);
+            pt.set(0, 0, nt, e, k0);
+            pt.set(0, 1, nt, e, k1);
+        }
+    }
+}

@@ -63,7 +63,7 @@ use super::dq_stage::{DqStage, StageRecord};
 use super::stats::QueryStats;
 use super::{block_for, d_score, next_query_tile, order, store_dkv};
 use crate::block::BlockInfo;
-use crate::device::dropout::{mark_dropped, rng_for};
+use crate::device::dropout::{draw_marks, mark_drawn, mark_dropped, rng_for};
 use crate::device::elem::Elem;
 use crate::device::frag::{AccTile, FragPos, NonNegative, PackedTile, RegFragments, ThreadPos};
 use crate::device::ptx;
@@ -303,6 +303,19 @@ unsafe fn key_tile<
             let next = order::next_in_turn::<M, BM, BN>(&mask, i, record.key_tile());
             ptx::st_shared_u32(stage.record(StageRecord::PendingNext), next);
         }
+        // With dropout at d <= 64 the generator's first calls (all four at 64 query rows, four
+        // of eight at 128, whose registers are fuller) run while the products do: the issue
+        // slots are idle there (at d = 128 the block-sparse and tree kernels spilled, and the
+        // plain one gained 1-3 %; docs/perf-notes.md).
+        let draw_ahead = DROPOUT && D <= 64;
+        let ahead_calls = if BM == 64 { Q_TILES / 2 } else { Q_TILES / 4 };
+        let drawn_early = if draw_ahead {
+            let rng = rng_for(&p.dropout, record.batch(), head, dims.heads_q);
+            let key_base = record.key_tile() * BN as u32 + warp_k0;
+            draw_marks::<Q_TILES>(&rng, key_base, row0, pos, (0, ahead_calls))
+        } else {
+            [[0; Q_TILES]; 2]
+        };
         if overlap_dp {
             ptx::wgmma_wait_group::<1>();
         } else {
@@ -335,7 +348,14 @@ unsafe fn key_tile<
         }
         if DROPOUT {
             let rng = rng_for(&p.dropout, record.batch(), head, dims.heads_q);
-            mark_dropped(&rng, &mut pt, key_base, row0, pos);
+            if draw_ahead {
+                let late = (ahead_calls, Q_TILES / 2);
+                let drawn_late = draw_marks::<Q_TILES>(&rng, key_base, row0, pos, late);
+                mark_drawn(&rng, &mut pt, &drawn_early, pos, (0, 2 * ahead_calls));
+                mark_drawn(&rng, &mut pt, &drawn_late, pos, (2 * ahead_calls, Q_TILES));
+            } else {
+                mark_dropped(&rng, &mut pt, key_base, row0, pos);
+            }
         }
         let pt = PackedTile::pack::<E>(&pt);
         ptx::wgmma_fence(); // Pᵀ's registers, written above
