@@ -1806,6 +1806,18 @@ pub(crate) static EMBEDDED: &[(&str, &str, &[u8], &[u8])] = &[
     ),
     (
         "sm90a",
+        "flash_fwd_wgmma_sparse_dropout_f16_d256",
+        include_bytes!("sm90a/flash_fwd_wgmma_sparse_dropout_f16_d256.ptx.z"),
+        include_bytes!("sm90a/flash_fwd_wgmma_sparse_dropout_f16_d256.cubin.z"),
+    ),
+    (
+        "sm90a",
+        "flash_fwd_wgmma_sparse_dropout_bf16_d256",
+        include_bytes!("sm90a/flash_fwd_wgmma_sparse_dropout_bf16_d256.ptx.z"),
+        include_bytes!("sm90a/flash_fwd_wgmma_sparse_dropout_bf16_d256.cubin.z"),
+    ),
+    (
+        "sm90a",
         "flash_fwd_wgmma_tree_dropout_f16_d256",
         include_bytes!("sm90a/flash_fwd_wgmma_tree_dropout_f16_d256.ptx.z"),
         include_bytes!("sm90a/flash_fwd_wgmma_tree_dropout_f16_d256.cubin.z"),

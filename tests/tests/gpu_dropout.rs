@@ -63,6 +63,34 @@ fn d64_strategy() -> impl Strategy<Value = DropoutCase> {
     case_strategy_over(&[16, 32, 40, 64], attention_mask_recipes().boxed())
 }
 
+/// Block-sparse masks (every density from none to all) at d = 65..256, which on Hopper's
+/// `wgmma` path run the block-sparse kernels with dropout at d = 128 and 256 (the one kernel
+/// xtask lets spill, 12 B), so that a run can give them thousands of cases of their own.
+fn sparse_wide_strategy() -> impl Strategy<Value = DropoutCase> {
+    let sparse = (0u8..=16, any::<u64>()).prop_map(|(s, seed)| MaskRecipe {
+        seed,
+        sparse: Some(s),
+        ..MaskRecipe::NONE
+    });
+    case_strategy_over(&[100, 128, 160, 200, 256], sparse.boxed())
+}
+
+/// Cases with many more query tiles than an H100 has SMs (up to 2 × 24 × 5 of 128 rows), so
+/// the persistent `wgmma` kernel with dropout (no mask or causal, d = 33..=64) takes several
+/// tiles per block, each with its own (batch, head) generator; the other masks and head dims
+/// run the one-block-per-tile kernels on the same shapes. Few keys keep the float64 reference
+/// affordable.
+fn persistent_strategy() -> impl Strategy<Value = DropoutCase> {
+    let sizes = (
+        1..3usize,
+        prop::sample::select(&[129usize, 385, 577][..]),
+        prop::sample::select(&[1usize, 65, 200, 385][..]),
+        prop::sample::select(&[(16usize, 16usize), (16, 4), (24, 1), (12, 3)][..]),
+        prop::sample::select(&[48usize, 64, 100, 128][..]),
+    );
+    cases_over(sizes.boxed(), attention_mask_recipes().boxed())
+}
+
 /// Random problems over head dims `dims` and masks `masks` (with the causal flag, scale and
 /// dropout probability drawn beside them).
 fn case_strategy_over(
@@ -72,6 +100,17 @@ fn case_strategy_over(
     let lens = prop::sample::select(&[1usize, 7, 16, 31, 64, 65, 128, 129, 200, 257][..]);
     let heads = prop::sample::select(&[(1usize, 1usize), (2, 1), (4, 2), (3, 3), (8, 1)][..]);
     let dims = prop::sample::select(dims);
+    cases_over((1..3usize, lens.clone(), lens, heads, dims).boxed(), masks)
+}
+
+/// Sizes of one problem: `(batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim)`.
+type Sizes = (usize, usize, usize, (usize, usize), usize);
+
+/// Random problems of sizes `sizes` and masks `masks`.
+fn cases_over(
+    sizes: BoxedStrategy<Sizes>,
+    masks: BoxedStrategy<MaskRecipe>,
+) -> impl Strategy<Value = DropoutCase> {
     let scales = prop::sample::select(&[None, Some(0.3f32), Some(-0.25)][..]);
     // Training's values (FlashAttention's tests take up to 0.17). Not 0.5 or more here: with
     // few rows and a small head dim the naive yardstick's max error is sometimes under half (a
@@ -92,7 +131,7 @@ fn case_strategy_over(
     let modes = prop::sample::select(&[BwdMode::Fast, BwdMode::Deterministic][..]);
     (
         (any::<u64>(), any::<u64>(), any::<u64>()),
-        (1..3usize, lens.clone(), lens, heads, dims),
+        sizes,
         (any::<bool>(), scales, masks, probs),
         (mags, layouts, modes),
     )
@@ -142,6 +181,16 @@ proptest! {
 
     #[test]
     fn forward_d64_with_dropout((case, half) in (d64_strategy(), any::<bool>())) {
+        prop_assert_eq!(forward_in_either_dtype(case, half), Ok(()));
+    }
+
+    #[test]
+    fn forward_with_persistent_blocks_with_dropout((case, half) in (persistent_strategy(), any::<bool>())) {
+        prop_assert_eq!(forward_in_either_dtype(case, half), Ok(()));
+    }
+
+    #[test]
+    fn forward_sparse_wide_with_dropout((case, half) in (sparse_wide_strategy(), any::<bool>())) {
         prop_assert_eq!(forward_in_either_dtype(case, half), Ok(()));
     }
 

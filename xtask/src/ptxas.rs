@@ -12,8 +12,22 @@ use flash_attn_kernels::registry::{KernelInfo, ALL_KERNELS};
 use std::path::Path;
 use std::process::Command;
 
-/// Kernels allowed to use local memory (none yet).
-const LOCAL_MEMORY_ALLOWED: &[&str] = &[];
+/// Kernels allowed to use local memory, each with its bound in bytes (stack frame + spill
+/// stores + spill loads; more fails the check). Only where the alternative measured slower:
+/// the block-sparse mask with dropout at d = 256 on `wgmma` (8 B frame, 12 B of spills at 240
+/// consumer registers; its calls would otherwise take `mma.sync`, docs/perf-notes.md).
+const LOCAL_MEMORY_ALLOWED: &[(&str, u32)] = &[
+    ("flash_fwd_wgmma_sparse_dropout_f16_d256", 20),
+    ("flash_fwd_wgmma_sparse_dropout_bf16_d256", 20),
+];
+
+/// Whether `u`'s local memory is within its kernel's allowance.
+fn local_memory_allowed(u: &Usage) -> bool {
+    let bytes = u.stack + u.spill_stores + u.spill_loads;
+    LOCAL_MEMORY_ALLOWED
+        .iter()
+        .any(|&(name, max)| name == u.kernel && u.arch == "sm_90a" && bytes <= max)
+}
 
 /// Resource usage of one kernel on one architecture.
 #[derive(Debug, Default, Clone)]
@@ -110,6 +124,7 @@ pub fn print_report(all: &[Usage]) -> Result<(), String> {
     );
     let mut bad = Vec::new();
     let mut fallback_only = Vec::new();
+    let mut allowed = Vec::new();
     for u in all {
         println!(
             "{:<24} {:<7} {:>5} {:>6} {:>7} {:>6} {:>9}",
@@ -122,7 +137,9 @@ pub fn print_report(all: &[Usage]) -> Result<(), String> {
             u.dyn_smem
         );
         let local = u.stack + u.spill_stores + u.spill_loads > 0;
-        if local && !LOCAL_MEMORY_ALLOWED.contains(&u.kernel.as_str()) {
+        if local && local_memory_allowed(u) {
+            allowed.push(format!("{} on {}", u.kernel, u.arch));
+        } else if local {
             if u.embedded {
                 bad.push(format!("{} on {}", u.kernel, u.arch));
             } else {
@@ -142,8 +159,14 @@ pub fn print_report(all: &[Usage]) -> Result<(), String> {
             fallback_only.join(", ")
         );
     }
+    if !allowed.is_empty() {
+        println!(
+            "local memory within its allowance (LOCAL_MEMORY_ALLOWED): {}",
+            allowed.join(", ")
+        );
+    }
     if bad.is_empty() {
-        println!("ptxas check: no spills, no stack in the embedded SASS");
+        println!("ptxas check: no spills, no stack in the embedded SASS beyond the allowances");
         Ok(())
     } else {
         Err(format!(

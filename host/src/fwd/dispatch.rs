@@ -191,12 +191,11 @@ mod tests {
         let k = long(Arch::Sm90a, true, DType::BF16, 200, MaskKind::Tree, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_tree_bf16_d256");
         assert_eq!((k.tile.block_n, k.tile.kv_stages), (64, 2));
-        // With dropout at d = 256 the tree mask has its `wgmma` kernel, the block-sparse mask
-        // none (it spilled): `mma.sync`.
+        // With dropout at d = 256 the tree and block-sparse masks have their `wgmma` kernels.
         let k = long(Arch::Sm90a, true, DType::BF16, 256, MaskKind::Tree, true).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_tree_dropout_bf16_d256");
         let k = long(Arch::Sm90a, true, DType::BF16, 256, MaskKind::Sparse, true).unwrap();
-        assert_eq!(k.name, "flash_fwd_sparse_dropout_bf16_d256");
+        assert_eq!(k.name, "flash_fwd_wgmma_sparse_dropout_bf16_d256");
         let k = long(Arch::Sm80, true, DType::F16, 64, MaskKind::Causal, false).unwrap();
         assert_eq!(k.name, "flash_fwd_f16_d64");
     }

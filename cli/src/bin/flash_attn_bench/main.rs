@@ -17,14 +17,14 @@
 //!
 //! `--op masks` times the mask family and varlen instead (see `masks.rs`): rows with a `mask`
 //! key, N = 16K and 64K (`--quick`: 16K; `--n` picks one), d = 128 (`--d` picks another for
-//! the mask family's rows).
+//! the mask family's rows; `--dropout P` runs them with attention dropout).
 //!
 //! `--op dropout` times attention dropout (see `dropout.rs`): rows with a `dropout` key,
 //! p = 0.1 beside p = 0.
 //!
 //! Usage: `flash-attn-bench [--out rows.json] [--op fwd|bwd|fwd_bwd|all|decode|masks|dropout]
 //! [--mode fast|deterministic|both] [--quick] [--reps N] [--d D] [--n N] [--dtype f16|bf16]
-//! [--causal true|false]` (`--mode`: the backward mode of the `bwd` and `fwd_bwd` rows, their
+//! [--causal true|false] [--dropout P]` (`--mode`: the backward mode of the `bwd` and `fwd_bwd` rows, their
 //! `mode` key; the last four restrict the sweep, e.g. for a profiler; `--d` also takes head
 //! dims outside the sweep, such as 96 or 256, with `2048 / d` heads rounded down). With
 //! `FLASH_ATTN_FWD=wgmma` on Hopper, every forward row times the `wgmma` path beside `mma_ms`. Exit status: 0 on success, 1 on an error, 2 when there is no GPU.
@@ -337,6 +337,10 @@ struct Args {
     /// Only causal (true) or non-causal (false) rows
     #[arg(long, value_name = "BOOL", action = ArgAction::Set)]
     causal: Option<bool>,
+    /// `masks`: the mask family's rows with attention dropout of this probability (seed 1234;
+    /// rows gain a `dropout` key, and the PyTorch script skips them: FlexAttention has none)
+    #[arg(long, value_name = "P")]
+    dropout: Option<f32>,
 }
 
 /// The `mode` key of the JSON rows (`fast` for forward rows).
@@ -401,7 +405,7 @@ fn main() {
                 (None, true) => vec![16384],
                 (None, false) => vec![16384, 65536],
             };
-            masks::bench_masks(&dev, reps, &ns, args.d.unwrap_or(128))
+            masks::bench_masks(&dev, reps, &ns, args.d.unwrap_or(128), args.dropout)
         } else {
             bench_decode(&dev, reps, quick, args.n, args.batch, args.splits)
         }

@@ -12,8 +12,8 @@
 use flash_attn::timing::{median, time_ms};
 use flash_attn::{
     flash_attn_backward_into, flash_attn_into, flash_attn_varlen_backward_into,
-    flash_attn_varlen_into, AttnParams, BlockMask, BwdMode, Device, DeviceTensor, HostVarlen,
-    Result, TreeMask, Varlen,
+    flash_attn_varlen_into, AttnParams, BlockMask, BwdMode, Device, DeviceTensor, Dropout,
+    HostVarlen, Result, TreeMask, Varlen,
 };
 use half::bf16;
 use serde_json::{json, Value};
@@ -50,11 +50,15 @@ fn alibi_slopes() -> &'static [f32] {
     Box::leak(v.into_boxed_slice())
 }
 
-/// The mask rows at length `n`.
-fn cases(n: usize) -> Result<Vec<MaskCase>> {
+/// The mask rows at length `n`, with dropout `p` where given.
+fn cases(n: usize, p: Option<f32>) -> Result<Vec<MaskCase>> {
+    let plain = AttnParams {
+        dropout: p.map(|p| Dropout::new(p, 1234, 0)),
+        ..AttnParams::default()
+    };
     let causal = AttnParams {
         causal: true,
-        ..AttnParams::default()
+        ..plain
     };
     let mut out = vec![
         MaskCase {
@@ -98,7 +102,7 @@ fn cases(n: usize) -> Result<Vec<MaskCase>> {
             name: format!("block_{sixteenths}/16"),
             params: AttnParams {
                 block_mask: Some(mask),
-                ..AttnParams::default()
+                ..plain
             },
             extra: json!({"block_sixteenths": sixteenths, "density": density}),
         });
@@ -117,8 +121,15 @@ pub(crate) fn tensor(dev: &Device, shape: &[usize], seed: u64) -> Result<DeviceT
 }
 
 /// The mask rows (see the module docs); the mask family's at head dim `d` (`--d`, default
-/// 128; the tree and varlen rows stay at 128).
-pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize], d: usize) -> Result<Vec<Value>> {
+/// 128; the tree and varlen rows stay at 128), with attention dropout of probability
+/// `dropout` where given (`--dropout`; rows with a `dropout` key).
+pub fn bench_masks(
+    dev: &Device,
+    reps: usize,
+    ns: &[usize],
+    d: usize,
+    dropout: Option<f32>,
+) -> Result<Vec<Value>> {
     let mut rows = Vec::new();
     for &n in ns {
         let shape = [1, n, H, d];
@@ -135,7 +146,7 @@ pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize], d: usize) -> Result<
             DeviceTensor::<bf16>::zeros(dev, &shape)?,
             DeviceTensor::<bf16>::zeros(dev, &shape)?,
         ];
-        for case in cases(n)? {
+        for case in cases(n, dropout)? {
             let p = &case.params;
             let times = time_fwd_and_bwd(
                 dev,
@@ -154,6 +165,9 @@ pub fn bench_masks(dev: &Device, reps: usize, ns: &[usize], d: usize) -> Result<
                 });
                 for (key, value) in case.extra.as_object().expect("object") {
                     row[key] = value.clone();
+                }
+                if let Some(p) = dropout {
+                    row["dropout"] = p.into();
                 }
                 rows.push(row);
             }
