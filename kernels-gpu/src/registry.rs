@@ -881,9 +881,9 @@ registry! {
     // of plain calls at d = 64 and 128, and at d = 64 those of plain calls with dropout and of
     // the general mask without it (0.93–0.98× the one-block-per-tile kernels' time with
     // dropout, 0.96–0.99× for windows, ALiBi and softcaps at 16K, H200). `PER_TILE`: one
-    // block per query tile, the rest: persistent, the d = 128 kernel with dropout took
-    // 1.11–1.17× its time from 4K keys, the block-sparse one at d = 128 1.20× at density 1
-    // (and at 1/16 no gain), and with dropout it spilled (docs/perf-notes.md, 2026-11-27).
+    // block per query tile, for the rest. Tried persistent and reverted: the d = 128 kernel
+    // with dropout (1.11–1.17× the time from 4K keys), the block-sparse ones (d = 128: slower
+    // at every density; with dropout there it spilled); docs/perf-notes.md, 2026-11-27.
     fwd_wgmma {
         64 Causal PLAIN [flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_bf16_d64] 192 128 PERSISTENT;
         64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128 128 PERSISTENT;

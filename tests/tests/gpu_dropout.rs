@@ -17,7 +17,8 @@ use flash_attn::{
 use flash_attn_kernels::arch::Arch;
 use flash_attn_kernels::registry::MaskKind;
 use flash_attn_tests::gpu::{
-    backward_case, device as gpu_device, forward_case, gpu_cases, upload, Layout,
+    backward_case, device as gpu_device, forward_case, gpu_cases, upload, Layout, PERSISTENT_DIMS,
+    PERSISTENT_HEADS, PERSISTENT_LENS_K, PERSISTENT_LENS_Q,
 };
 use flash_attn_tests::{
     attention_mask_recipes, mask_recipes, random_array, random_tree, Alibi, Magnitude, MaskRecipe,
@@ -83,10 +84,10 @@ fn sparse_wide_strategy() -> impl Strategy<Value = DropoutCase> {
 fn persistent_strategy() -> impl Strategy<Value = DropoutCase> {
     let sizes = (
         1..3usize,
-        prop::sample::select(&[129usize, 385, 577][..]),
-        prop::sample::select(&[1usize, 65, 200, 385][..]),
-        prop::sample::select(&[(16usize, 16usize), (16, 4), (24, 1), (12, 3)][..]),
-        prop::sample::select(&[48usize, 64, 100, 128][..]),
+        prop::sample::select(&PERSISTENT_LENS_Q[..]),
+        prop::sample::select(&PERSISTENT_LENS_K[..]),
+        prop::sample::select(&PERSISTENT_HEADS[..]),
+        prop::sample::select(&PERSISTENT_DIMS[..]),
     );
     cases_over(sizes.boxed(), attention_mask_recipes().boxed())
 }

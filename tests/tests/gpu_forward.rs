@@ -11,7 +11,8 @@ use flash_attn::{
     flash_attn, flash_attn_into, AttnParams, Device, DeviceTensor, Element, FlashError,
 };
 use flash_attn_tests::gpu::{
-    device as gpu_device, download3, download4, forward_case, gpu_cases, Layout,
+    device as gpu_device, download3, download4, forward_case, gpu_cases, Layout, PERSISTENT_DIMS,
+    PERSISTENT_HEADS, PERSISTENT_LENS_K, PERSISTENT_LENS_Q,
 };
 use flash_attn_tests::{
     attention_mask_recipes, check_accuracy, random_qkv, to_f64, Alibi, Magnitude, MaskRecipe,
@@ -153,10 +154,10 @@ fn wide_key_tile_case_strategy() -> impl Strategy<Value = ForwardCase> {
 fn persistent_case_strategy() -> impl Strategy<Value = ForwardCase> {
     cases_with(shapes_from(
         1..=3,
-        vec![(16, 16), (16, 4), (24, 1), (12, 3)],
-        vec![48, 64, 100, 128],
-        vec![129, 385, 577],
-        vec![1, 65, 200, 385],
+        PERSISTENT_HEADS.to_vec(),
+        PERSISTENT_DIMS.to_vec(),
+        PERSISTENT_LENS_Q.to_vec(),
+        PERSISTENT_LENS_K.to_vec(),
     ))
 }
 

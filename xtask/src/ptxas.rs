@@ -23,10 +23,9 @@ const LOCAL_MEMORY_ALLOWED: &[(&str, u32)] = &[
 
 /// Whether `u`'s local memory is within its kernel's allowance.
 fn local_memory_allowed(u: &Usage) -> bool {
-    let bytes = u.stack + u.spill_stores + u.spill_loads;
     LOCAL_MEMORY_ALLOWED
         .iter()
-        .any(|&(name, max)| name == u.kernel && u.arch == "sm_90a" && bytes <= max)
+        .any(|&(name, max)| name == u.kernel && u.arch == "sm_90a" && u.local_bytes() <= max)
 }
 
 /// Resource usage of one kernel on one architecture.
@@ -44,6 +43,13 @@ pub struct Usage {
     dyn_smem: usize,
     /// Whether this is the embedded SASS (else a JIT-fallback check).
     embedded: bool,
+}
+
+impl Usage {
+    /// Bytes of local memory: stack frame + spill stores + spill loads.
+    fn local_bytes(&self) -> u32 {
+        self.stack + self.spill_stores + self.spill_loads
+    }
 }
 
 /// Compiles `ptx` (one kernel, `k`, of the target whose tiles apply) for `arch`, writing the
@@ -136,7 +142,7 @@ pub fn print_report(all: &[Usage]) -> Result<(), String> {
             u.smem,
             u.dyn_smem
         );
-        let local = u.stack + u.spill_stores + u.spill_loads > 0;
+        let local = u.local_bytes() > 0;
         if local && local_memory_allowed(u) {
             allowed.push(format!("{} on {}", u.kernel, u.arch));
         } else if local {
