@@ -862,11 +862,14 @@ registry! {
     }
     // Hopper's forward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, query
     // rows and keys per tile (128 query rows: two consumer warpgroups of 64, 192: three, plus
-    // a producer warpgroup; `wgmma_tile` sizes the ring). Three consumer warpgroups only for
-    // the plain kind (causal or no mask) at d = 64 without dropout: at 160 registers the
-    // general mask's kernel spilled 8–16 B in its masked tiles (window, ALiBi and softcap
-    // terms), the kernels with dropout 76–80 B, and the block-sparse mask's query tiles must
-    // lie in one of its 128-row blocks. Every mask kind, with and without dropout, at
+    // a producer warpgroup; `wgmma_tile` sizes the ring). Three consumer warpgroups at d = 64
+    // for the plain kind (causal or no mask), and with dropout for the plain and general
+    // kinds on 64-key tiles (three scheduler slots' worth of warps hide the generator's
+    // latency: 0.91–0.99× the time of two warpgroups on 128-key tiles; with 128-key tiles
+    // they spilled 248 B at 160 registers, docs/perf-notes.md). Not the general mask without
+    // dropout (at 160 registers it spilled 8–16 B in its masked tiles: window, ALiBi and
+    // softcap terms), nor at d = 128 with dropout (192 × 64 fits but ran 1.07–1.15× the
+    // time), and the block-sparse mask's query tiles must lie in one of its 128-row blocks. Every mask kind, with and without dropout, at
     // d = 64 and 128 (the general mask with dropout at d = 128 on 64-key tiles: with 128 it
     // spilled, 32 B of stack and 100 B of spills at 240 registers). The plain mask without
     // dropout at d = 256 has no kernel of its own, and at d = 128 only one of 176-key tiles:
@@ -889,8 +892,8 @@ registry! {
         64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128 128 PERSISTENT;
         64 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d64, flash_fwd_wgmma_sparse_bf16_d64] 128 128 PER_TILE;
         64 Tree PLAIN [flash_fwd_wgmma_tree_f16_d64, flash_fwd_wgmma_tree_bf16_d64] 128 128 PER_TILE;
-        64 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d64, flash_fwd_wgmma_dropout_bf16_d64] 128 128 PERSISTENT;
-        64 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d64, flash_fwd_wgmma_masked_dropout_bf16_d64] 128 128 PER_TILE;
+        64 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d64, flash_fwd_wgmma_dropout_bf16_d64] 192 64 PERSISTENT;
+        64 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d64, flash_fwd_wgmma_masked_dropout_bf16_d64] 192 64 PER_TILE;
         64 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d64, flash_fwd_wgmma_sparse_dropout_bf16_d64] 128 128 PER_TILE;
         64 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d64, flash_fwd_wgmma_tree_dropout_bf16_d64] 128 128 PER_TILE;
         // 176-key tiles (a ring of 2) for the plain calls where they pay; the host sends the
@@ -1152,10 +1155,11 @@ mod tests {
     }
 
     /// Every `wgmma` row: 128-row tiles of two consumer warpgroups (192 rows of three for the
-    /// plain kind at d = 64 without dropout) and a producer one (whose PTX declares its
-    /// block size for `setmaxnreg`), 128 keys in a 3-stage ring (64 keys in 2 stages at
-    /// d = 256, 176 in 2 for the plain kind at d = 128 without dropout, 64 in 3 for the
-    /// general kind at d = 128 with dropout) that fits Hopper's
+    /// plain kind at d = 64, and for the general kind at d = 64 with dropout) and a producer
+    /// one (whose PTX declares its block size for `setmaxnreg`), 128 keys in a 3-stage ring
+    /// (64 keys in 2 stages at d = 256, 176 in 2 for the plain kind at d = 128 without
+    /// dropout, 64 in 3 for the general kind at d = 128 with dropout and for the d = 64
+    /// kernels of three warpgroups with dropout) that fits Hopper's
     /// 227 KiB, named
     /// `flash_fwd_wgmma_{kind}{dtype}_d{d}`, with an `mma.sync` row of the same head dim, mask
     /// and dropout to fall back on; built for sm_90a alone.
@@ -1164,13 +1168,15 @@ mod tests {
         for k in FWD_WGMMA_KERNELS {
             let t = k.tile(Arch::Sm90a);
             let plain = k.mask == MaskKind::Causal && !k.dropout;
+            let general = matches!(k.mask, MaskKind::Causal | MaskKind::Masked);
+            let three = k.head_dim == 64 && (plain || (general && k.dropout));
             let ring = match k.head_dim {
                 256 => (64, 2),
                 128 if plain => (176, 2),
                 128 if k.mask == MaskKind::Masked && k.dropout => (64, 3),
+                64 if three && k.dropout => (64, 3),
                 _ => (128, 3),
             };
-            let three = k.head_dim == 64 && plain;
             let rows = if three { 192 } else { 128 };
             assert_eq!(
                 (t.block_m, t.block_n, t.threads(), t.kv_stages),

@@ -123,14 +123,17 @@ pub fn download3(dev: &Device, t: &DeviceTensor<f32>) -> Array3<f32> {
 }
 
 /// Query and KV heads (GQA) of the persistent-block properties, whose calls have many more
-/// query tiles (of 128 rows) than an H100 has SMs.
+/// query tiles (of 128 rows, or 192 for the kernels of three consumer warpgroups) than an
+/// H100 has SMs.
 pub const PERSISTENT_HEADS: [(usize, usize); 4] = [(16, 16), (16, 4), (24, 1), (12, 3)];
 /// Head dims of the persistent-block properties (the persistent kernels': 33..=64, 65..=128).
 pub const PERSISTENT_DIMS: [usize; 4] = [48, 64, 100, 128];
-/// Query lengths of the persistent-block properties (2 to 5 query tiles).
+/// Query lengths of the persistent-block properties (2 to 5 query tiles of 128 rows, the
+/// last of one row; 1 to 4 of 192).
 pub const PERSISTENT_LENS_Q: [usize; 3] = [129, 385, 577];
-/// Key lengths of the persistent-block properties: up to 4 key tiles, few enough to keep the
-/// float64 reference affordable; queries longer than keys give causal tiles that see none.
+/// Key lengths of the persistent-block properties: up to 4 key tiles of 128 (7 of 64), few
+/// enough to keep the float64 reference affordable; queries longer than keys give causal
+/// tiles that see none.
 pub const PERSISTENT_LENS_K: [usize; 4] = [1, 65, 200, 385];
 
 /// Random cases per GPU property test: `FLASH_ATTN_GPU_CASES`, 64 when unset.

@@ -76,7 +76,7 @@ fn sparse_wide_strategy() -> impl Strategy<Value = DropoutCase> {
     case_strategy_over(&[100, 128, 160, 200, 256], sparse.boxed())
 }
 
-/// Cases with many more query tiles than an H100 has SMs (up to 2 × 24 × 5 of 128 rows), so
+/// Cases with many more query tiles than an H100 has SMs (up to 2 × 24 × 4 of 192 rows), so
 /// the persistent `wgmma` kernel with dropout (no mask or causal, d = 33..=64) takes several
 /// tiles per block, each with its own (batch, head) generator; the other masks and head dims
 /// run the one-block-per-tile kernels on the same shapes. Few keys keep the float64 reference

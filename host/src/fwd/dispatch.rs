@@ -181,6 +181,16 @@ mod tests {
         let k = long(Arch::Sm90a, true, DType::BF16, 64, MaskKind::Masked, false).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_bf16_d64");
         assert_eq!((k.tile.block_m, k.tile.threads()), (128, 384));
+        // With dropout at d <= 64 the plain and general masks run three, on 64-key tiles.
+        for (mask, name) in [
+            (MaskKind::Causal, "flash_fwd_wgmma_dropout_bf16_d64"),
+            (MaskKind::Masked, "flash_fwd_wgmma_masked_dropout_bf16_d64"),
+        ] {
+            let k = long(Arch::Sm90a, true, DType::BF16, 64, mask, true).unwrap();
+            assert_eq!(k.name, name);
+            let t = k.tile;
+            assert_eq!((t.block_m, t.block_n, t.threads()), (192, 64, 512));
+        }
         // The general mask with dropout at d = 128: 64-key tiles (128 spilled).
         let k = long(Arch::Sm90a, true, DType::F16, 128, MaskKind::Masked, true).unwrap();
         assert_eq!(k.name, "flash_fwd_wgmma_masked_dropout_f16_d128");
