@@ -868,7 +868,7 @@ registry! {
     // latency: 0.91–0.99× the time of two warpgroups on 128-key tiles; with 128-key tiles
     // they spilled 248 B at 160 registers, docs/perf-notes.md). Not the general mask without
     // dropout (at 160 registers it spilled 8–16 B in its masked tiles: window, ALiBi and
-    // softcap terms), nor at d = 128 with dropout (192 × 64 fits but ran 1.07–1.15× the
+    // softcap terms; on 64-key tiles it fit but ran 1.09–1.20× the time), nor at d = 128 with dropout (192 × 64 fits but ran 1.07–1.15× the
     // time), and the block-sparse mask's query tiles must lie in one of its 128-row blocks. Every mask kind, with and without dropout, at
     // d = 64 and 128 (the general mask with dropout at d = 128 on 64-key tiles: with 128 it
     // spilled, 32 B of stack and 100 B of spills at 240 registers). The plain mask without
