@@ -861,32 +861,36 @@ registry! {
         256 Tree DROPOUT [flash_fwd_tree_dropout_f16_d256, flash_fwd_tree_dropout_bf16_d256] [(4, 1, 16, false), (4, 1, 16, false)];
     }
     // Hopper's forward on `wgmma` (sm_90a only): compiled head dim, mask kind, names, query
-    // rows and keys per tile (128 query rows: two consumer warpgroups of 64, 192: three, plus
-    // a producer warpgroup; `wgmma_tile` sizes the ring). Three consumer warpgroups at d = 64
-    // for the plain kind (causal or no mask), and with dropout for the plain and general
-    // kinds on 64-key tiles (three scheduler slots' worth of warps hide the generator's
-    // latency: 0.91–0.99× the time of two warpgroups on 128-key tiles; with 128-key tiles
-    // they spilled 248 B at 160 registers, docs/perf-notes.md). Not the general mask without
-    // dropout (at 160 registers it spilled 8–16 B in its masked tiles: window, ALiBi and
-    // softcap terms; on 64-key tiles it fit but ran 1.09–1.20× the time), nor at d = 128 with dropout (192 × 64 fits but ran 1.07–1.15× the
-    // time), and the block-sparse mask's query tiles must lie in one of its 128-row blocks. Every mask kind, with and without dropout, at
-    // d = 64 and 128 (the general mask with dropout at d = 128 on 64-key tiles: with 128 it
-    // spilled, 32 B of stack and 100 B of spills at 240 registers). The plain mask without
-    // dropout at d = 256 has no kernel of its own, and at d = 128 only one of 176-key tiles:
-    // its calls run on the general kernel (`fwd_wgmma_kernel`) where those tiles do not pay
-    // (`Keys::take_wide_tiles`; a plain kernel of the general one's tiles ran 5–13 % slower
-    // than it on the same calls, H100, docs/perf-notes.md, two consumer warpgroups). At d = 256 (64-key tiles) every mask kind without dropout
-    // and the general and tree masks with it (plain calls with dropout run on the general
-    // kernel); the block-sparse mask with dropout spills (12 B since the f16-pair keep test),
-    // which xtask allows for this kernel alone, measured against `mma.sync`.
+    // rows and keys per tile (128 query rows: two consumer warpgroups of 64, 192: three,
+    // plus a producer warpgroup; `wgmma_tile` sizes the ring). Three consumer warpgroups at
+    // d = 64 for the plain kind (causal or no mask), and with dropout for the plain and
+    // general kinds on 64-key tiles (three scheduler slots' worth of warps hide the
+    // generator's latency: 0.91–0.99× the time of two warpgroups on 128-key tiles; with
+    // 128-key tiles they spilled 248 B at 160 registers, docs/perf-notes.md). Not the
+    // general mask without dropout (at 160 registers it spilled 8–16 B in its masked tiles:
+    // window, ALiBi and softcap terms; on 64-key tiles it fit but ran 1.09–1.20× the time),
+    // nor at d = 128 with dropout (192 × 64 fits but ran 1.07–1.15× the time), and the
+    // block-sparse mask's query tiles must lie in one of its 128-row blocks. Every mask
+    // kind, with and without dropout, at d = 64 and 128 (the general mask with dropout at
+    // d = 128 on 64-key tiles: with 128 it spilled, 32 B of stack and 100 B of spills at
+    // 240 registers). The plain mask without dropout at d = 256 has no kernel of its own,
+    // and at d = 128 only one of 176-key tiles: its calls run on the general kernel
+    // (`fwd_wgmma_kernel`) where those tiles do not pay (`Keys::take_wide_tiles`; a plain
+    // kernel of the general one's tiles ran 5–13 % slower than it on the same calls, H100,
+    // docs/perf-notes.md, two consumer warpgroups). At d = 256 (64-key tiles) every mask
+    // kind without dropout and the general and tree masks with it (plain calls with dropout
+    // run on the general kernel); the block-sparse mask with dropout spills (12 B since the
+    // f16-pair keep test), which xtask allows for this kernel alone, measured against
+    // `mma.sync`.
     // Which calls take them is the host's dispatch (`wgmma_pays`). `PERSISTENT`: about one
-    // block per SM taking query tiles from a counter (`FwdTile::persistent`), for the kernels
-    // of plain calls at d = 64 and 128, and at d = 64 those of plain calls with dropout and of
-    // the general mask without it (0.93–0.98× the one-block-per-tile kernels' time with
-    // dropout, 0.96–0.99× for windows, ALiBi and softcaps at 16K, H200). `PER_TILE`: one
-    // block per query tile, for the rest. Tried persistent and reverted: the d = 128 kernel
-    // with dropout (1.11–1.17× the time from 4K keys), the block-sparse ones (d = 128: slower
-    // at every density; with dropout there it spilled); docs/perf-notes.md, 2026-11-27.
+    // block per SM taking query tiles from a counter (`FwdTile::persistent`), for the
+    // kernels of plain calls at d = 64 and 128, and at d = 64 those of plain calls with
+    // dropout and of the general mask without it (0.93–0.98× the one-block-per-tile
+    // kernels' time with dropout, 0.96–0.99× for windows, ALiBi and softcaps at 16K, H200).
+    // `PER_TILE`: one block per query tile, for the rest. Tried persistent and reverted:
+    // the d = 128 kernel with dropout (1.11–1.17× the time from 4K keys), the block-sparse
+    // ones (d = 128: slower at every density; with dropout there it spilled);
+    // docs/perf-notes.md, 2026-11-27.
     fwd_wgmma {
         64 Causal PLAIN [flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_bf16_d64] 192 128 PERSISTENT;
         64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128 128 PERSISTENT;
