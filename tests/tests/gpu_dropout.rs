@@ -77,10 +77,10 @@ fn sparse_wide_strategy() -> impl Strategy<Value = DropoutCase> {
 }
 
 /// Cases with many more query tiles than an H100 has SMs (up to 2 × 24 × 4 of 192 rows), so
-/// the persistent `wgmma` kernel with dropout (no mask or causal, d = 33..=64) takes several
-/// tiles per block, each with its own (batch, head) generator; the other masks and head dims
-/// run the one-block-per-tile kernels on the same shapes. Few keys keep the float64 reference
-/// affordable.
+/// the persistent `wgmma` kernels with dropout (no mask or causal, and block masks, at
+/// d = 33..=64) take several tiles per block, each with its own (batch, head) generator; the
+/// other masks and head dims run the one-block-per-tile kernels on the same shapes. Few keys
+/// keep the float64 reference affordable.
 fn persistent_strategy() -> impl Strategy<Value = DropoutCase> {
     let sizes = (
         1..3usize,

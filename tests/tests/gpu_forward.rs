@@ -145,8 +145,9 @@ fn wide_key_tile_case_strategy() -> impl Strategy<Value = ForwardCase> {
 /// Cases with many more query tiles than an H100 has SMs (up to 3 × 24 × 5), so the
 /// persistent `wgmma` kernels' blocks each take several tiles from the counter, at the head
 /// dims of the persistent kernels (33..=64 without other masks: the three-warpgroup kernel;
-/// 65..=128, any mask but block-sparse: the general one; 33..=64 with windows, softcaps or
-/// ALiBi: the general one of d = 64) and of the per-tile ones (block-sparse masks), with
+/// 65..=128, any mask but a tree: the general one or the block-sparse one; 33..=64 with
+/// windows, softcaps, ALiBi or block masks: the general or block-sparse one of d = 64) and of
+/// the per-tile ones (tree masks), with
 /// queries longer than keys (causal tiles that see no key) and GQA. Few keys keep the float64
 /// reference affordable; up to 4 key tiles, so that a warpgroup's later tiles can move a row
 /// maximum (with three consumer warpgroups, the softmax then computes S again from Q, which

@@ -10,7 +10,10 @@
 
 use flash_attn::shape::AttnShape;
 use flash_attn::{AttnParams, BwdMode, Device};
-use flash_attn_tests::gpu::{backward_case, device as gpu_device, forward_case, gpu_cases, Layout};
+use flash_attn_tests::gpu::{
+    backward_case, device as gpu_device, forward_case, gpu_cases, Layout, PERSISTENT_DIMS,
+    PERSISTENT_HEADS, PERSISTENT_LENS_K, PERSISTENT_LENS_Q,
+};
 use flash_attn_tests::{Magnitude, MaskRecipe};
 use half::{bf16, f16};
 use proptest::prelude::*;
@@ -23,10 +26,34 @@ fn device() -> Option<&'static Device> {
 /// layout.
 type SparseCase = (u64, AttnShape, AttnParams<'static>, Magnitude, Layout);
 
+/// Sizes of one problem: `(batch, seqlen_q, seqlen_k, (heads_q, heads_kv), head_dim)`.
+type Sizes = (usize, usize, usize, (usize, usize), usize);
+
 fn case_strategy() -> impl Strategy<Value = SparseCase> {
     let lens = prop::sample::select(&[1usize, 63, 128, 129, 200, 256, 300, 385, 513][..]);
     let heads = prop::sample::select(&[(1usize, 1usize), (2, 1), (4, 2), (3, 3), (8, 1)][..]);
     let dims = prop::sample::select(&[32usize, 40, 64, 80, 96, 128, 200, 256][..]);
+    cases_over((1..3usize, lens.clone(), lens, heads, dims).boxed())
+}
+
+/// Cases with many more query tiles than an H100 has SMs (up to 3 × 24 × 5 of 128 rows) at the
+/// head dims of the persistent block-sparse `wgmma` kernels (33..=64 and 65..=128), so each of
+/// their blocks takes several query tiles from the counter, with the ring of K/V stages and
+/// the walk over the mask's bits running on from one tile to the next.
+fn persistent_case_strategy() -> impl Strategy<Value = SparseCase> {
+    let sizes = (
+        1..=3usize,
+        prop::sample::select(&PERSISTENT_LENS_Q[..]),
+        prop::sample::select(&PERSISTENT_LENS_K[..]),
+        prop::sample::select(&PERSISTENT_HEADS[..]),
+        prop::sample::select(&PERSISTENT_DIMS[..]),
+    );
+    cases_over(sizes.boxed())
+}
+
+/// Random block-sparse problems of sizes `sizes` (with the causal flag, scale, density,
+/// magnitude and layout drawn beside them).
+fn cases_over(sizes: BoxedStrategy<Sizes>) -> impl Strategy<Value = SparseCase> {
     let scales = prop::sample::select(&[None, Some(0.3f32), Some(-0.25)][..]);
     let layouts = prop::sample::select(
         &[
@@ -38,7 +65,7 @@ fn case_strategy() -> impl Strategy<Value = SparseCase> {
     let mags = prop::sample::select(&[Magnitude::Normal, Magnitude::Large][..]);
     (
         any::<u64>(),
-        (1..3usize, lens.clone(), lens, heads, dims),
+        sizes,
         (any::<bool>(), scales, 0u8..=16, mags, layouts),
     )
         .prop_map(
@@ -85,6 +112,18 @@ proptest! {
     fn sparse_forward_bf16((seed, shape, params, mag, layout) in case_strategy()) {
         if let Some(dev) = device() {
             prop_assert_eq!(forward_case::<bf16>(dev, seed, shape, &params, mag, layout), Ok(()));
+        }
+    }
+
+    #[test]
+    fn sparse_forward_with_persistent_blocks((seed, shape, params, mag, layout) in persistent_case_strategy(), half in any::<bool>()) {
+        if let Some(dev) = device() {
+            let r = if half {
+                forward_case::<f16>(dev, seed, shape, &params, mag, layout)
+            } else {
+                forward_case::<bf16>(dev, seed, shape, &params, mag, layout)
+            };
+            prop_assert_eq!(r, Ok(()));
         }
     }
 
