@@ -887,13 +887,14 @@ registry! {
     // kernels of plain calls at d = 64 and 128, and at d = 64 those of plain calls with
     // dropout and of the general mask without it (0.93–0.98× the one-block-per-tile
     // kernels' time with dropout, 0.96–0.99× for windows, ALiBi and softcaps at 16K, H200);
-    // the block-sparse kernels at d = 64 and 128, and at d = 64 with dropout (clock-locked,
+    // the block-sparse kernels at d = 64 and 128, with and without dropout (clock-locked,
     // 16K keys, H100: d = 128 0.90× the cycles at density 1/16 to 0.98× at 1, d = 64 0.92×
-    // at 1/16 to 1.03× at 1, d = 64 with dropout 0.97–0.99×; a first trial, whose first key
-    // tile was not passed through lane 0, ran the d = 128 key loop 1.16× slower).
-    // `PER_TILE`: one block per query tile, for the rest. Tried persistent and reverted:
-    // the d = 128 kernel with dropout (1.11–1.17× the time from 4K keys); the block-sparse
-    // kernel with dropout at d = 128 spilled; docs/perf-notes.md, 2026-11-27.
+    // at 1/16 to 1.03× at 1, with dropout 0.97–0.99× at d = 64, 0.93–0.995× at d = 128; a
+    // first trial, whose first key tile was not passed through lane 0, ran the d = 128 key
+    // loop 1.16× slower, and spilled with dropout). `PER_TILE`: one block per query tile, for
+    // the rest. Tried persistent and reverted: the plain kind's d = 128 kernel with dropout
+    // (1.11–1.17× the time from 4K keys, H200; again 1.11–1.19× the cycles on the H100 with
+    // its first tile uniform, not explained); docs/perf-notes.md, 2026-11-27.
     fwd_wgmma {
         64 Causal PLAIN [flash_fwd_wgmma_f16_d64, flash_fwd_wgmma_bf16_d64] 192 128 PERSISTENT;
         64 Masked PLAIN [flash_fwd_wgmma_masked_f16_d64, flash_fwd_wgmma_masked_bf16_d64] 128 128 PERSISTENT;
@@ -911,7 +912,7 @@ registry! {
         128 Tree PLAIN [flash_fwd_wgmma_tree_f16_d128, flash_fwd_wgmma_tree_bf16_d128] 128 128 PER_TILE;
         128 Causal DROPOUT [flash_fwd_wgmma_dropout_f16_d128, flash_fwd_wgmma_dropout_bf16_d128] 128 128 PER_TILE;
         128 Masked DROPOUT [flash_fwd_wgmma_masked_dropout_f16_d128, flash_fwd_wgmma_masked_dropout_bf16_d128] 128 64 PER_TILE;
-        128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128 128 PER_TILE;
+        128 Sparse DROPOUT [flash_fwd_wgmma_sparse_dropout_f16_d128, flash_fwd_wgmma_sparse_dropout_bf16_d128] 128 128 PERSISTENT;
         128 Tree DROPOUT [flash_fwd_wgmma_tree_dropout_f16_d128, flash_fwd_wgmma_tree_dropout_bf16_d128] 128 128 PER_TILE;
         256 Masked PLAIN [flash_fwd_wgmma_masked_f16_d256, flash_fwd_wgmma_masked_bf16_d256] 128 64 PER_TILE;
         256 Sparse PLAIN [flash_fwd_wgmma_sparse_f16_d256, flash_fwd_wgmma_sparse_bf16_d256] 128 64 PER_TILE;

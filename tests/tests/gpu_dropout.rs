@@ -77,8 +77,8 @@ fn sparse_wide_strategy() -> impl Strategy<Value = DropoutCase> {
 }
 
 /// Cases with many more query tiles than an H100 has SMs (up to 2 × 24 × 4 of 192 rows), so
-/// the persistent `wgmma` kernels with dropout (no mask or causal, and block masks, at
-/// d = 33..=64) take several tiles per block, each with its own (batch, head) generator; the
+/// the persistent `wgmma` kernels with dropout (no mask or causal at d = 33..=64, block masks
+/// at d = 33..=128) take several tiles per block, each with its own (batch, head) generator; the
 /// other masks and head dims run the one-block-per-tile kernels on the same shapes. Few keys
 /// keep the float64 reference affordable.
 fn persistent_strategy() -> impl Strategy<Value = DropoutCase> {
