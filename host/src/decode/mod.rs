@@ -24,6 +24,7 @@ use crate::shape::DecodeShape;
 use crate::tensor::DeviceTensor;
 
 pub use splits::decode_splits;
+use splits::filling_splits;
 use validate::{check_cache, check_merge, CacheCall};
 
 /// A KV cache on the device, as FlashAttention's `flash_attn_with_kvcache` takes it.
@@ -293,14 +294,12 @@ pub(crate) fn forward_via_decode<T: Element>(
         return Ok(false);
     }
     let kernel = decode_kernel::<T>(shape.head_dim, params.mask_kind())?;
-    let splits = kernel.auto_splits(
-        dev,
-        [shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q],
-        shape.seqlen_k,
-    )?;
-    if splits <= 1 {
-        return Ok(false);
+    let sizes = [shape.batch, shape.heads_q, shape.heads_kv, shape.seqlen_q];
+    let (resident, blocks) = kernel.occupancy(dev, sizes)?;
+    if filling_splits(resident, blocks, shape.seqlen_k) <= 1 {
+        return Ok(false); // the forward kernels' own blocks fill the GPU well enough
     }
+    let splits = decode_splits(resident, blocks, shape.seqlen_k);
     let mask = DeviceMask::new(dev, params, shape)?;
     let padded_d = padded_head_dim(shape.head_dim);
     let k_packed = packed_input(dev, k, padded_d)?;
@@ -326,7 +325,7 @@ pub(crate) fn forward_via_decode<T: Element>(
 
 /// Queries per sequence up to which [`crate::flash_attn`] considers the split-KV path (it
 /// takes it only when the forward kernels' blocks would fill less than half the GPU, see
-/// [`decode_splits`]): 64 covers a typical tree of draft tokens.
+/// [`filling_splits`]): 64 covers a typical tree of draft tokens.
 pub(crate) const FORWARD_DECODE_MAX_Q: usize = 64;
 
 /// Merges two attention states over disjoint key sets into the state over their union:
@@ -444,18 +443,19 @@ impl DecodeKernel {
     }
 
     /// [`decode_splits`] for `[batch, heads_q, heads_kv, seqlen_q]` over at most `max_keys`
-    /// keys: blocks are (batch, KV head, row tile), and the GPU holds as many of them as the
-    /// driver's occupancy says.
-    fn auto_splits(
-        &self,
-        dev: &Device,
-        [b, hq, hkv, nq]: [usize; 4],
-        max_keys: usize,
-    ) -> Result<usize> {
+    /// keys ([`Self::occupancy`]).
+    fn auto_splits(&self, dev: &Device, sizes: [usize; 4], max_keys: usize) -> Result<usize> {
+        let (resident, blocks) = self.occupancy(dev, sizes)?;
+        Ok(decode_splits(resident, blocks, max_keys))
+    }
+
+    /// The blocks `dev` holds at once (the driver's occupancy) and the unsplit call's blocks
+    /// (batch, KV head, row tile) for `[batch, heads_q, heads_kv, seqlen_q]`.
+    fn occupancy(&self, dev: &Device, [b, hq, hkv, nq]: [usize; 4]) -> Result<(usize, usize)> {
         let tile = self.tile(dev);
         let blocks = b * hkv * (hq / hkv * nq).div_ceil(tile.block_m());
         let resident = dev.resident_blocks(self.name, tile.threads() as u32, tile.smem_bytes())?;
-        Ok(decode_splits(resident, blocks, max_keys))
+        Ok((resident, blocks))
     }
 }
 

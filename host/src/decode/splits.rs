@@ -13,12 +13,33 @@ const MIN_KEYS_PER_SPLIT: usize = 128;
 /// against 51 µs for 128 (docs/perf-notes.md, decode v4).
 const AUTO_MAX_SPLITS: usize = 64;
 
+/// Most keys per block for which blocks that nearly fill half the GPU stay unsplit
+/// ([`decode_splits`]): there the second split's gain is smaller than the combine's launch.
+/// Measured on the H100 (2026-11-27, docs/perf-notes.md), 128 blocks of 264 slots (B = 64,
+/// Hkv = 1 and B = 8, Hkv = 8; Hq = 32, d = 128), 1 split against 2: 0.83× the time at 1K
+/// keys and 0.93× at 8K (Hkv = 1), 0.93× and 0.97× (Hkv = 8); 1.03–1.04× at 32K and
+/// 1.10–1.15× at 128K.
+const UNSPLIT_MAX_KEYS: usize = 8 * 1024;
+
 /// The automatic number of key splits for `blocks` (batch × KV heads × query-row tiles)
 /// blocks over at most `max_keys` keys on a GPU that holds `resident` decode blocks at once
-/// (SMs × blocks per SM): 1 when the blocks already fill half of it, else as many splits as
-/// fit in one wave (rounded down: a second, mostly idle wave costs more than a few idle
-/// slots), each split holding at least 128 keys, at most 64 splits.
+/// (SMs × blocks per SM): 1 when the blocks already fill half of it, or nearly (15/16 of
+/// half) over at most [`UNSPLIT_MAX_KEYS`] keys; else as many splits as fit in one wave
+/// (rounded down: a second, mostly idle wave costs more than a few idle slots), each split
+/// holding at least 128 keys, at most 64 splits.
 pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize) -> usize {
+    let nearly_half = 32 * blocks.max(1) >= 15 * resident;
+    if nearly_half && max_keys <= UNSPLIT_MAX_KEYS {
+        return 1;
+    }
+    filling_splits(resident, blocks, max_keys)
+}
+
+/// [`decode_splits`] without its exception for short caches: 1 when the blocks already fill
+/// half the GPU, else as many splits as fill one wave (at least 128 keys each, at most 64).
+/// `flash_attn` takes the split-KV path where this is above 1 (its own blocks would leave the
+/// GPU half idle).
+pub fn filling_splits(resident: usize, blocks: usize, max_keys: usize) -> usize {
     let blocks = blocks.max(1);
     if 2 * blocks >= resident {
         return 1;
@@ -57,5 +78,13 @@ mod tests {
         // Blocks filling half the GPU are not split.
         assert_eq!(decode_splits(264, 132, 1 << 20), 1);
         assert_eq!(decode_splits(264, 131, 1 << 20), 2);
+        // Nearly half (B = 64, Hkv = 1 or B = 8, Hkv = 8 on 132 SMs: 128 blocks): not split
+        // up to 8K keys, split in two above.
+        assert_eq!(decode_splits(264, 128, 1024), 1);
+        assert_eq!(decode_splits(264, 128, 8 * 1024), 1);
+        assert_eq!(decode_splits(264, 128, 8 * 1024 + 1), 2);
+        assert_eq!(decode_splits(264, 128, 32 * 1024), 2);
+        assert_eq!(decode_splits(264, 124, 8 * 1024), 1);
+        assert_eq!(decode_splits(264, 123, 8 * 1024), 2);
     }
 }
