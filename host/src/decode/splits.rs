@@ -24,7 +24,7 @@ const UNSPLIT_MAX_KEYS: usize = 8 * 1024;
 /// The automatic number of key splits for `blocks` (batch × KV heads × query-row tiles)
 /// blocks over at most `max_keys` keys on a GPU that holds `resident` decode blocks at once
 /// (SMs × blocks per SM): 1 when the blocks already fill half of it, or nearly (15/16 of
-/// half) over at most [`UNSPLIT_MAX_KEYS`] keys; else as many splits as fit in one wave
+/// half) over at most 8K keys; else as many splits as fit in one wave
 /// (rounded down: a second, mostly idle wave costs more than a few idle slots), each split
 /// holding at least 128 keys, at most 64 splits.
 pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize) -> usize {
