@@ -35,6 +35,8 @@ pub struct Device {
     wgmma_wide_tiles: bool,
     max_smem_optin: usize,
     sm_count: usize,
+    /// Peak memory bandwidth per SM in GB/s (0 when the driver does not say).
+    memory_gbps_per_sm: f64,
     loaded: Mutex<HashMap<&'static str, Loaded>>,
     /// Blocks of each kernel an SM holds at once (see [`Device::resident_blocks`]).
     occupancy: Mutex<HashMap<&'static str, usize>>,
@@ -136,6 +138,7 @@ impl Device {
         let sm_count = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
             .max(1) as usize;
+        let memory_gbps_per_sm = peak_memory_gbps(&ctx) / sm_count as f64;
         // Every allocation and launch of a `Device` runs on its one stream, in order, so
         // cudarc's cross-stream event tracking has nothing to order; left on, it creates two
         // events per allocation and records one per use of a buffer (about a dozen driver
@@ -162,6 +165,7 @@ impl Device {
             wgmma_wide_tiles,
             max_smem_optin,
             sm_count,
+            memory_gbps_per_sm,
             loaded: Mutex::new(HashMap::new()),
             occupancy: Mutex::new(HashMap::new()),
         })
@@ -309,6 +313,12 @@ impl Device {
         self.sm_count
     }
 
+    /// Peak memory bandwidth per SM in GB/s, from the driver's memory clock and bus width (0
+    /// when the driver reports neither); the decode path's split choice reads it.
+    pub fn memory_gbps_per_sm(&self) -> f64 {
+        self.memory_gbps_per_sm
+    }
+
     /// Blocks of kernel `name` (launched with `threads` threads and `smem` bytes of dynamic
     /// shared memory, always the same for one kernel) that the whole GPU holds at once: the
     /// driver's occupancy for one SM times the SMs. Asked once per kernel.
@@ -377,5 +387,17 @@ impl Device {
             },
         );
         Ok(function)
+    }
+}
+
+/// Peak memory bandwidth of `ctx`'s GPU in GB/s: two transfers per memory clock over the bus
+/// (3.35 TB/s on the H100 SXM, 4.9 on the H200); 0 where the driver reports no clock or width.
+fn peak_memory_gbps(ctx: &CudaContext) -> f64 {
+    let attribute = |a| ctx.attribute(a).ok().filter(|&v| v > 0).map(f64::from);
+    let clock_khz = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+    let bus_bits = attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
+    match (clock_khz, bus_bits) {
+        (Some(khz), Some(bits)) => 2.0 * khz * 1e3 * bits / 8.0 / 1e9,
+        _ => 0.0,
     }
 }

@@ -23,8 +23,8 @@ use crate::params::AttnParams;
 use crate::shape::DecodeShape;
 use crate::tensor::DeviceTensor;
 
-pub use splits::decode_splits;
 use splits::filling_splits;
+pub use splits::{decode_splits, ONE_BLOCK_FILLS_GBPS_PER_SM};
 use validate::{check_cache, check_merge, CacheCall};
 
 /// A KV cache on the device, as FlashAttention's `flash_attn_with_kvcache` takes it.
@@ -134,7 +134,7 @@ pub struct NewKv<'a, T> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeOptions {
     /// Number of key splits (1 to 128); `None` picks it from the batch, the heads, the
-    /// lengths and the SM count ([`decode_splits`]).
+    /// lengths, the SM count and the memory's bandwidth ([`decode_splits`]).
     pub num_splits: Option<usize>,
 }
 
@@ -299,7 +299,7 @@ pub(crate) fn forward_via_decode<T: Element>(
     if filling_splits(resident, blocks, shape.seqlen_k) <= 1 {
         return Ok(false); // the forward kernels' own blocks fill the GPU well enough
     }
-    let splits = decode_splits(resident, blocks, shape.seqlen_k);
+    let splits = decode_splits(resident, blocks, shape.seqlen_k, dev.memory_gbps_per_sm());
     let mask = DeviceMask::new(dev, params, shape)?;
     let padded_d = padded_head_dim(shape.head_dim);
     let k_packed = packed_input(dev, k, padded_d)?;
@@ -446,7 +446,12 @@ impl DecodeKernel {
     /// keys ([`Self::occupancy`]).
     fn auto_splits(&self, dev: &Device, sizes: [usize; 4], max_keys: usize) -> Result<usize> {
         let (resident, blocks) = self.occupancy(dev, sizes)?;
-        Ok(decode_splits(resident, blocks, max_keys))
+        Ok(decode_splits(
+            resident,
+            blocks,
+            max_keys,
+            dev.memory_gbps_per_sm(),
+        ))
     }
 
     /// The blocks `dev` holds at once (the driver's occupancy) and the unsplit call's blocks

@@ -489,10 +489,17 @@ fn bench_decode(
     forced_splits: Option<usize>,
 ) -> Result<Vec<serde_json::Value>> {
     let (hq, d) = (32usize, 128usize);
-    let contexts: &[usize] = if quick {
-        &[8192, 32768]
-    } else {
-        &[1024, 8192, 32768, 131072]
+    // The split choice reads it (`decode_splits`): said once, for the logs.
+    eprintln!(
+        "decode: {} SMs, peak memory bandwidth {:.1} GB/s per SM",
+        dev.sm_count(),
+        dev.memory_gbps_per_sm()
+    );
+    // `--n` picks one context, also one outside the table's (for sweeps).
+    let contexts: &[usize] = match (&only_n, quick) {
+        (Some(n), _) => std::slice::from_ref(n),
+        (None, true) => &[8192, 32768],
+        (None, false) => &[1024, 8192, 32768, 131072],
     };
     let mut rows = Vec::new();
     for b in [1usize, 8, 64] {
@@ -500,9 +507,6 @@ fn bench_decode(
             continue;
         }
         for &n in contexts {
-            if only_n.is_some_and(|x| x != n) {
-                continue;
-            }
             for hkv in [1usize, 8] {
                 let bytes = 2 * b * n * hkv * d * 2;
                 if bytes > DECODE_MAX_BYTES {
