@@ -33,7 +33,6 @@ pub use bwd::{
 pub use decode::{
     attn_with_kvcache, attn_with_kvcache_into, auto_decode_splits, decode_splits,
     merge_attention_states, DecodeOptions, HostBlockTable, HostCacheMeta, KvCache, NewKv,
-    ONE_BLOCK_FILLS_GBPS_PER_SM,
 };
 pub use device::{device_count, BackwardPath, Device, ForwardPath};
 pub use dtype::{DType, Element};

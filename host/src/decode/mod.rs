@@ -23,8 +23,8 @@ use crate::params::AttnParams;
 use crate::shape::DecodeShape;
 use crate::tensor::DeviceTensor;
 
+pub use splits::decode_splits;
 use splits::filling_splits;
-pub use splits::{decode_splits, ONE_BLOCK_FILLS_GBPS_PER_SM};
 use validate::{check_cache, check_merge, CacheCall};
 
 /// A KV cache on the device, as FlashAttention's `flash_attn_with_kvcache` takes it.
@@ -299,7 +299,7 @@ pub(crate) fn forward_via_decode<T: Element>(
     if filling_splits(resident, blocks, shape.seqlen_k) <= 1 {
         return Ok(false); // the forward kernels' own blocks fill the GPU well enough
     }
-    let splits = decode_splits(resident, blocks, shape.seqlen_k, dev.memory_gbps_per_sm());
+    let splits = splits_on(dev, (resident, blocks), shape.seqlen_k);
     let mask = DeviceMask::new(dev, params, shape)?;
     let padded_d = padded_head_dim(shape.head_dim);
     let k_packed = packed_input(dev, k, padded_d)?;
@@ -429,6 +429,11 @@ fn decode_kernel<T: Element>(head_dim: usize, mask: MaskKind) -> Result<DecodeKe
     })
 }
 
+/// [`decode_splits`] on `dev` for the `(resident, blocks)` of [`DecodeKernel::occupancy`].
+fn splits_on(dev: &Device, (resident, blocks): (usize, usize), max_keys: usize) -> usize {
+    decode_splits(resident, blocks, max_keys, dev.memory_gbps_per_sm())
+}
+
 /// A chosen decode kernel.
 #[derive(Clone, Copy)]
 struct DecodeKernel {
@@ -445,13 +450,7 @@ impl DecodeKernel {
     /// [`decode_splits`] for `[batch, heads_q, heads_kv, seqlen_q]` over at most `max_keys`
     /// keys ([`Self::occupancy`]).
     fn auto_splits(&self, dev: &Device, sizes: [usize; 4], max_keys: usize) -> Result<usize> {
-        let (resident, blocks) = self.occupancy(dev, sizes)?;
-        Ok(decode_splits(
-            resident,
-            blocks,
-            max_keys,
-            dev.memory_gbps_per_sm(),
-        ))
+        Ok(splits_on(dev, self.occupancy(dev, sizes)?, max_keys))
     }
 
     /// The blocks `dev` holds at once (the driver's occupancy) and the unsplit call's blocks

@@ -34,14 +34,14 @@ const UNSPLIT_MAX_KEYS_FAST_MEMORY: usize = 2 * 1024;
 /// memory. One wave of single blocks (B = 8 / 8K / Hkv = 8, 128 blocks, 1 split) streamed
 /// 2.76 TB/s on the H100 and 2.89 TB/s on the H200: 82 % of the H100's 3.35 TB/s (25.4 GB/s
 /// per SM), 60 % of the H200's 4.8 (36.5 GB/s per SM), where two splits reached 3.47 TB/s.
-pub const ONE_BLOCK_FILLS_GBPS_PER_SM: f64 = 28.0;
+const ONE_BLOCK_FILLS_GBPS_PER_SM: f64 = 28.0;
 
 /// The automatic number of key splits for `blocks` (batch × KV heads × query-row tiles)
 /// blocks over at most `max_keys` keys on a GPU that holds `resident` decode blocks at once
 /// (SMs × blocks per SM) and whose memory gives each SM `gbps_per_sm` GB/s at its peak (0 when
 /// unknown): 1 when the blocks already fill half of it, or nearly (15/16 of half) over at most
-/// 8K keys where `gbps_per_sm` is at most [`ONE_BLOCK_FILLS_GBPS_PER_SM`] (else at most 2K
-/// keys); else as many splits as fit in one wave (rounded down: a second, mostly idle wave
+/// 8K keys where `gbps_per_sm` is at most 28 (one block per SM then nearly fills the memory:
+/// the H100; else at most 2K keys); else as many splits as fit in one wave (rounded down: a second, mostly idle wave
 /// costs more than a few idle slots), each split holding at least 128 keys, at most 64 splits.
 pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize, gbps_per_sm: f64) -> usize {
     let nearly_half = 32 * blocks.max(1) >= 15 * resident;
