@@ -71,6 +71,19 @@ pub trait AttnMask: Sized {
     /// current tile index live across a step.
     fn next_key_tile(&self, row0: u32, block_m: u32, block_n: u32, n: u32) -> Option<u32>;
 
+    /// Whether the key tiles a query tile visits are one run, from
+    /// [`AttnMask::lowest_key_tile`] up to [`AttnMask::first_key_tile`] (the causal mask and
+    /// windows): a kernel may then walk them upwards.
+    const CONTIGUOUS_WALK: bool = false;
+
+    /// The lowest key tile of the walk that starts at [`AttnMask::first_key_tile`], for masks
+    /// with [`AttnMask::CONTIGUOUS_WALK`] (others never call it). Only meaningful when
+    /// `first_key_tile` is `Some`.
+    #[inline(always)]
+    fn lowest_key_tile(&self, _row0: u32, _block_n: u32) -> u32 {
+        0
+    }
+
     /// Whether query rows `[row0, row0 + block_m)` visit key tile `n` (the backward walks the
     /// query tiles of one key tile).
     fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool;
@@ -301,6 +314,8 @@ impl AttnMask for CausalMask {
         n.checked_sub(1)
     }
 
+    const CONTIGUOUS_WALK: bool = true;
+
     #[inline(always)]
     fn visits_key_tile(&self, row0: u32, block_m: u32, n: u32, block_n: u32) -> bool {
         // The visited tiles are 0 ..= first_key_tile.
@@ -424,8 +439,15 @@ impl AttnMask for WindowMask {
 
     #[inline(always)]
     fn next_key_tile(&self, row0: u32, _block_m: u32, block_n: u32, n: u32) -> Option<u32> {
-        let lowest = (self.lo(row0).max(0) / block_n as i64) as u32;
+        let lowest = self.lowest_key_tile(row0, block_n);
         (n > lowest).then(|| n - 1)
+    }
+
+    const CONTIGUOUS_WALK: bool = true;
+
+    #[inline(always)]
+    fn lowest_key_tile(&self, row0: u32, block_n: u32) -> u32 {
+        (self.lo(row0).max(0) / block_n as i64) as u32
     }
 
     #[inline(always)]
@@ -602,6 +624,13 @@ impl AttnMask for ScoredMask {
     #[inline(always)]
     fn next_key_tile(&self, row0: u32, block_m: u32, block_n: u32, n: u32) -> Option<u32> {
         self.window.next_key_tile(row0, block_m, block_n, n)
+    }
+
+    const CONTIGUOUS_WALK: bool = true;
+
+    #[inline(always)]
+    fn lowest_key_tile(&self, row0: u32, block_n: u32) -> u32 {
+        self.window.lowest_key_tile(row0, block_n)
     }
 
     #[inline(always)]

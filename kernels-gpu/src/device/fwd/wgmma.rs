@@ -52,6 +52,13 @@
 //! consumers write the current tile's O. Past the last tile it writes the index alone, and the
 //! consumers stop.
 //!
+//! The key walk ([`Walk`]): blocks of two consumer warpgroups at d ≤ 128 without dropout walk
+//! the key tiles of a causal mask or a window upwards, so the tile a causal mask cuts at the
+//! diagonal comes last and its masked softmax runs beside the previous tile's P·V, while the
+//! query tile's first softmax, which no product covers, is an unmasked one (clock-locked on an
+//! H100: 0.967× the cycles at 2K causal keys, 0.982× at 4K; docs/perf-notes.md). The other
+//! kernels take the mask's own walk, from the last tile down.
+//!
 //! The plain kind's kernel at d = 128 takes 176-key tiles (FlashAttention 3's shape without a
 //! causal mask at that head dim): S is 88 registers per consumer thread, and the per-tile
 //! steps (barriers, row maxima, the rescale test) are spread over more keys. The host runs it
@@ -162,6 +169,7 @@ pub unsafe fn flash_fwd_wgmma<
     let warp = ptx::shfl_sync_idx_u32(me.warp, 0); // warp-uniform for ptxas (see its docs)
     let longest_first = M::later_rows_see_more(&p.mask);
     let pingpong = args.schedule == SCHEDULE_PINGPONG;
+    let walk = Walk::of::<M, D, BM, DROPOUT>();
     if PERSISTENT {
         if me.tid == 0 {
             layout.bars().init(BM as u32 / MMA_M as u32, true);
@@ -174,7 +182,7 @@ pub unsafe fn flash_fwd_wgmma<
                 ptx::setmaxnreg_dec::<PRODUCER_REGS_PERSISTENT_OF_THREE>();
             }
             if warp == 0 {
-                produce_tiles::<M, D, BM, BN, STAGES>(args, layout, longest_first, me.lane);
+                produce_tiles::<M, D, BM, BN, STAGES>(args, layout, walk, longest_first, me.lane);
             }
             return;
         }
@@ -201,11 +209,20 @@ pub unsafe fn flash_fwd_wgmma<
         layout.bars().init(BM as u32 / MMA_M as u32, false);
     }
     ptx::bar_sync(); // the barriers are initialised (the only block-wide barrier)
-    let first = mask.first_key_tile(block.row0, BM as u32, BN as u32);
+    let first = walk.first::<M, BM, BN>(&mask, block.row0);
     if warp < PRODUCER_WARPS as u32 {
         ptx::setmaxnreg_dec::<PRODUCER_REGS>();
         if let (0, Some(first)) = (me.tid, first) {
-            produce(args.tensor_maps, &block, &mask, layout, first, 0, true);
+            produce(
+                args.tensor_maps,
+                &block,
+                &mask,
+                layout,
+                walk,
+                first,
+                0,
+                true,
+            );
         }
         return;
     }
@@ -269,6 +286,7 @@ unsafe fn produce_tiles<
 >(
     args: &WgmmaFwdParams,
     layout: SmemLayout<D, BM, BN, STAGES>,
+    walk: Walk,
     longest_first: bool,
     lane: u32,
 ) {
@@ -287,9 +305,18 @@ unsafe fn produce_tiles<
         }
         let block = tile_block::<BM>(p, tile, args.tiles_x, longest_first);
         let mask = M::new(&p.mask, &block);
-        match mask.first_key_tile(block.row0, BM as u32, BN as u32) {
+        match walk.first::<M, BM, BN>(&mask, block.row0) {
             Some(first) => {
-                ring = produce(args.tensor_maps, &block, &mask, layout, first, ring, leader)
+                ring = produce(
+                    args.tensor_maps,
+                    &block,
+                    &mask,
+                    layout,
+                    walk,
+                    first,
+                    ring,
+                    leader,
+                )
             }
             None => ptx::mbarrier_arrive_if(bars.q_full(), leader),
         }
@@ -325,6 +352,7 @@ unsafe fn consume_tiles<
     longest_first: bool,
 ) {
     let (p, bars) = (&args.fwd, layout.bars());
+    let walk = Walk::of::<M, D, BM, DROPOUT>();
     let (mut t, mut ring) = (0u32, 0u32);
     loop {
         ptx::mbarrier_wait(bars.q_full(), t & 1);
@@ -352,7 +380,7 @@ unsafe fn consume_tiles<
         let tiles_x = ptx::opaque_u32(args.tiles_x);
         let block = tile_block::<BM>(p, tile, tiles_x, longest_first);
         let mask = M::new(&p.mask, &block);
-        let mut first = mask.first_key_tile(block.row0, BM as u32, BN as u32);
+        let mut first = walk.first::<M, BM, BN>(&mask, block.row0);
         if M::WALK_READS_MEMORY {
             first = ptx::warp_uniform_tile(first);
         }
@@ -566,6 +594,62 @@ impl Turns {
     }
 }
 
+/// The order in which a block walks its query tile's key tiles; the producer and the
+/// consumers walk the same way. Upwards ([`Walk::of`]) or the mask's own walk, from its last
+/// tile down.
+#[derive(Clone, Copy)]
+struct Walk {
+    up: bool,
+}
+
+impl Walk {
+    /// The walk of a kernel: upwards for blocks of two consumer warpgroups over masks whose
+    /// tiles are one run (causal, windows) at d ≤ 128 without dropout. The tile a causal mask
+    /// cuts then comes last, its masked softmax beside the previous tile's P·V, and the query
+    /// tile's first softmax, which no product covers, is an unmasked one. The others walk
+    /// down: three consumer warpgroups skip the block's leading tiles their own rows do not
+    /// see, which that order puts first; at d = 256 and with dropout, the upward walk made
+    /// the calls without a mask 0.6–0.9 % slower for at most 0.5 % on causal ones
+    /// (docs/perf-notes.md).
+    const fn of<M: AttnMask, const D: usize, const BM: usize, const DROPOUT: bool>() -> Self {
+        Self {
+            up: M::CONTIGUOUS_WALK && BM == 2 * WG_ROWS && D <= 128 && !DROPOUT,
+        }
+    }
+
+    /// The first key tile a block of `BM` rows from `row0` visits (`None`: no row sees a
+    /// key).
+    #[inline(always)]
+    fn first<M: AttnMask, const BM: usize, const BN: usize>(
+        self,
+        mask: &M,
+        row0: u32,
+    ) -> Option<u32> {
+        let last = mask.first_key_tile(row0, BM as u32, BN as u32)?;
+        Some(if self.up {
+            mask.lowest_key_tile(row0, BN as u32)
+        } else {
+            last
+        })
+    }
+
+    /// The key tile visited after tile `n`, or `None` after the last.
+    #[inline(always)]
+    fn next<M: AttnMask, const BM: usize, const BN: usize>(
+        self,
+        mask: &M,
+        row0: u32,
+        n: u32,
+    ) -> Option<u32> {
+        if self.up {
+            let last = mask.first_key_tile(row0, BM as u32, BN as u32)?;
+            (n < last).then_some(n + 1)
+        } else {
+            mask.next_key_tile(row0, BM as u32, BN as u32, n)
+        }
+    }
+}
+
 /// Ring stage and phase parity of the `j`-th key tile of the loop.
 #[inline(always)]
 fn ring<const STAGES: usize>(j: u32) -> (u32, u32) {
@@ -587,6 +671,7 @@ unsafe fn produce<
     block: &BlockInfo,
     mask: &M,
     layout: SmemLayout<D, BM, BN, STAGES>,
+    walk: Walk,
     first: u32,
     ring0: u32,
     leader: bool,
@@ -622,7 +707,7 @@ unsafe fn produce<
             v.load_tma(map_v, key0, block.kv_head, block.batch, bars.v_full(s));
         }
         j += 1;
-        match mask.next_key_tile(block.row0, BM as u32, BN as u32, n) {
+        match walk.next::<M, BM, BN>(mask, block.row0, n) {
             // Opaque: with the ring's count returned, LLVM unrolled this loop by two where the
             // mask's walk has a computable length (the tree mask's), and the 24-register
             // producer spilled.
@@ -685,6 +770,7 @@ unsafe fn consume<
             scale: p.scale_log2.abs(),
             ring0,
             frees_q: PERSISTENT,
+            walk: Walk::of::<M, D, BM, DROPOUT>(),
             elem: PhantomData,
         };
         ptx::mbarrier_wait(layout.bars().q_full(), q_phase);
@@ -760,6 +846,8 @@ struct Pipeline<
     /// (persistent blocks, in which the producer then loads the next query tile's Q while
     /// the warps finish this one).
     frees_q: bool,
+    /// The order of the key tiles, the producer's.
+    walk: Walk,
     elem: PhantomData<E>,
 }
 
@@ -1023,7 +1111,7 @@ impl<
             first = ptx::shfl_sync_idx_u32(first, 0);
         }
         let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
-        let (mask, row0, bm, bn) = (self.mask, self.row0, BM as u32, BN as u32);
+        let (mask, row0) = (self.mask, self.row0);
         let mut s = AccTile::<1, N_TILES>::zero();
         self.wait_k(0);
         ptx::wgmma_fence();
@@ -1035,7 +1123,7 @@ impl<
         }
         self.softmax(&mut s, softmax, first); // O is still zero: nothing to rescale
         let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
-        let mut next = mask.next_key_tile(row0, bm, bn, first);
+        let mut next = self.walk.next::<M, BM, BN>(mask, row0, first);
         if M::WALK_READS_MEMORY {
             // Through lane 0, so that the loop's tiles (and the stages and descriptors derived
             // from them) are known warp-uniform; a constant test, the other masks' code is
@@ -1049,7 +1137,7 @@ impl<
         // Tile `i` has its P in `p_cur`; tile `i + 1` is `next`.
         let mut i = 0u32;
         while let Some(n) = next {
-            let mut after = mask.next_key_tile(row0, bm, bn, n);
+            let mut after = self.walk.next::<M, BM, BN>(mask, row0, n);
             if M::WALK_READS_MEMORY {
                 after = ptx::warp_uniform_tile(after);
             }
@@ -1104,7 +1192,7 @@ impl<
         softmax: &mut OnlineSoftmax<1>,
     ) -> u32 {
         let early_k = Barriers::<STAGES>::SPLIT; // else K is freed with its tile's V
-        let (mask, row0, bm, bn) = (self.mask, self.row0, BM as u32, BN as u32);
+        let (mask, row0, bn) = (self.mask, self.row0, BN as u32);
         let mut s = AccTile::<1, N_TILES>::zero();
         turns.start();
         let (mut n, mut i) = (first, 0u32);
@@ -1115,7 +1203,7 @@ impl<
         // count towards the stage's previous use).
         let (own_row0, own_rows) = self.own_rows();
         while own_row0 >= mask.seqlen_q() || !mask.visits_key_tile(own_row0, own_rows, n, bn) {
-            let after = mask.next_key_tile(row0, bm, bn, n);
+            let after = self.walk.next::<M, BM, BN>(mask, row0, n);
             self.wait_k(i);
             self.wait_v(i);
             turns.wait();
@@ -1135,7 +1223,7 @@ impl<
         }
         let skipped = i;
         loop {
-            let after = mask.next_key_tile(row0, bm, bn, n);
+            let after = self.walk.next::<M, BM, BN>(mask, row0, n);
             self.wait_k(i);
             turns.wait();
             ptx::wgmma_fence();
