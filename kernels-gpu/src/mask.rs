@@ -1160,6 +1160,8 @@ mod tests {
                         causal: right == 0,
                     };
                     query_walk_matches_scan(&causal, nk, bm, bn);
+                    walk_is_one_run(&m, bm, bn);
+                    walk_is_one_run(&causal, bm, bn);
                     for n in 0..nk.div_ceil(bn) {
                         for i in 0..=nq.div_ceil(bm) {
                             assert_eq!(
@@ -1170,6 +1172,21 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// For masks with [`AttnMask::CONTIGUOUS_WALK`] the key walk is exactly the run from
+    /// [`AttnMask::lowest_key_tile`] up to [`AttnMask::first_key_tile`] (the `wgmma` forward
+    /// walks it upwards).
+    fn walk_is_one_run<M: AttnMask>(m: &M, bm: u32, bn: u32) {
+        assert!(M::CONTIGUOUS_WALK);
+        for row0 in (0..m.seqlen_q()).step_by(bm as usize) {
+            let walk: std::vec::Vec<u32> = m.key_tiles(row0, bm, bn).collect();
+            let run: std::vec::Vec<u32> = match m.first_key_tile(row0, bm, bn) {
+                Some(last) => (m.lowest_key_tile(row0, bn)..=last).rev().collect(),
+                None => std::vec::Vec::new(),
+            };
+            assert_eq!(walk, run, "row0={row0}");
         }
     }
 
