@@ -41,8 +41,9 @@ const ONE_BLOCK_FILLS_GBPS_PER_SM: f64 = 28.0;
 /// (SMs × blocks per SM) and whose memory gives each SM `gbps_per_sm` GB/s at its peak (0 when
 /// unknown): 1 when the blocks already fill half of it, or nearly (15/16 of half) over at most
 /// 8K keys where `gbps_per_sm` is at most 28 (one block per SM then nearly fills the memory:
-/// the H100; else at most 2K keys); else as many splits as fit in one wave (rounded down: a second, mostly idle wave
-/// costs more than a few idle slots), each split holding at least 128 keys, at most 64 splits.
+/// the H100; else at most 2K keys); else as many splits as fit in one wave (rounded down: a
+/// second, mostly idle wave costs more than a few idle slots), each split holding at least 128
+/// keys, at most 64 splits.
 pub fn decode_splits(resident: usize, blocks: usize, max_keys: usize, gbps_per_sm: f64) -> usize {
     let nearly_half = 32 * blocks.max(1) >= 15 * resident;
     let one_block_fills = gbps_per_sm > 0.0 && gbps_per_sm <= ONE_BLOCK_FILLS_GBPS_PER_SM;
