@@ -558,7 +558,7 @@ fn invalid_probabilities_are_param_errors() {
 
 /// `dropout_mask` is the kernels' generator element by element (sequence `b` of the array is
 /// the generator's `first_sequence + b`, heads are query heads), and its kept fraction is
-/// `1 − p` within 5σ (plus the 2⁻¹⁵ of the 14-bit threshold).
+/// `1 − p` within 5σ (plus the 2⁻¹⁶ of the 15-bit threshold).
 #[test]
 fn dropout_mask_is_the_kernels_generator() {
     for (p, seed, offset, first) in [
@@ -590,7 +590,7 @@ fn dropout_mask_is_the_kernels_generator() {
         let q = 1.0 - f64::from(p);
         let sigma = (f64::from(p) * q / n).sqrt();
         assert!(
-            (kept - q).abs() <= 5.0 * sigma + 1.0 / 32768.0,
+            (kept - q).abs() <= 5.0 * sigma + 1.0 / 65536.0,
             "p {p}: kept {kept}"
         );
     }

@@ -13,7 +13,7 @@
 //! - [`dropout_mask`]: the whole mask as an array (for tests, at small sizes).
 //! - [`CallDropout`] / [`HeadDropout`] (crate-internal): the generator of a call and of one
 //!   (sequence, query head), and [`HeadDropout::fill`], the one routine that evaluates `Z` for
-//!   a block of (query, key) pairs, 8 elements per Philox call. The tiled backend fills one
+//!   a block of (query, key) pairs, 16 elements per Philox call. The tiled backend fills one
 //!   tile at a time; the references fill each head's whole `Nq × Nk` matrix.
 
 use std::ops::Range;
@@ -117,7 +117,7 @@ pub(crate) struct HeadDropout {
 impl HeadDropout {
     /// Writes `Z` of the queries `rows` × keys `keys` into `keep`: 1 for a kept element and
     /// 0 for a dropped one, element (`i`, `j`) at `(i − rows.start)·pitch + j − keys.start`.
-    /// One Philox call per 8 elements (the 16 × 16 blocks of the generator are visited
+    /// One Philox call per 16 elements (the 16 × 32 blocks of the generator are visited
     /// whole, the parts outside the ranges discarded).
     pub(crate) fn fill(
         &self,
@@ -129,13 +129,11 @@ impl HeadDropout {
         if rows.is_empty() || keys.is_empty() {
             return;
         }
-        // The generator's calls: rows r with r mod 16 < 8, even keys c with c mod 16 < 8.
-        let bases = |range: &Range<usize>, step: usize| {
-            let (first, end) = (range.start / 16 * 16, range.end);
-            (first..end).step_by(step).filter(|x| x % 16 < 8)
-        };
-        for r in bases(&rows, 1) {
-            for c in bases(&keys, 2) {
+        // The generator's calls: rows r with r mod 16 < 8, even keys c with c mod 32 < 8.
+        let first_row = rows.start / 16 * 16;
+        let first_key = keys.start / 32 * 32;
+        for r in (first_row..rows.end).filter(|r| r % 16 < 8) {
+            for c in (first_key..keys.end).step_by(2).filter(|c| c % 32 < 8) {
                 let bits = self.rng.keep_bits(r as u32, c as u32);
                 for s in 0..2 {
                     let i = r + 8 * s;
@@ -143,13 +141,11 @@ impl HeadDropout {
                         continue;
                     }
                     let at = (i - rows.start) * pitch;
-                    for u in 0..2 {
-                        for e in 0..2 {
-                            let j = c + 8 * u + e;
-                            if keys.contains(&j) {
-                                keep[at + j - keys.start] =
-                                    ((bits >> (4 * s + 2 * u + e)) & 1) as u8;
-                            }
+                    for (h, u, e) in (0..8).map(|x| (x >> 2, x >> 1 & 1, x & 1)) {
+                        let j = c + 16 * h + 8 * u + e;
+                        if keys.contains(&j) {
+                            let bit = 4 * (2 * h + s) + 2 * u + e;
+                            keep[at + j - keys.start] = ((bits >> bit) & 1) as u8;
                         }
                     }
                 }
@@ -177,6 +173,7 @@ mod tests {
             (5..29, 3..41),
             (16..32, 8..9),
             (61..130, 0..64),
+            (3..40, 17..120),
         ] {
             let pitch = keys.len() + 3;
             let mut keep = vec![7u8; rows.len() * pitch];

@@ -188,6 +188,12 @@ impl<const MT: usize, const NT: usize> PackedTile<MT, NT> {
     pub fn pair(&self, mt: usize, r: usize, nt: usize) -> u32 {
         self.0[mt][nt][r]
     }
+
+    /// The pair of [`Self::pair`], to update in place.
+    #[inline(always)]
+    pub fn pair_mut(&mut self, mt: usize, r: usize, nt: usize) -> &mut u32 {
+        &mut self.0[mt][nt][r]
+    }
 }
 
 impl<const MT: usize, const NT: usize> RegFragments<MT> for PackedTile<MT, NT> {

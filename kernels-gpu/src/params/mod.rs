@@ -181,7 +181,7 @@ pub struct DropoutArgs {
     pub seed: u64,
     /// Philox offset (a second key, so that calls with one seed draw different masks).
     pub offset: u64,
-    /// An element is dropped when its 14 random bits are below this: `round(p·2¹⁴)` (see
+    /// An element is dropped when its 15 random bits are below this: `round(p·2¹⁵)` (see
     /// [`crate::rng`]).
     pub threshold: u32,
     /// `1 / (1 − p)`: what kept probabilities are multiplied by.

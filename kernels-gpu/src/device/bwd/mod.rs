@@ -267,13 +267,14 @@ unsafe fn key_tile<
                 }
             });
         }
+        // Pᵀ in 16 bits from here on: it is the `mma` operand, and keeping it packed frees
+        // registers for dPᵀ (dS = P ∘ (dP − D) uses the rounded P). Dropout marks it packed.
+        let mut pt = PackedTile::pack::<E>(&pt);
         if DROPOUT {
             let rng = rng_for(&p.dropout, batch, head, dims.heads_q);
             mark_dropped(&rng, &mut pt, key0 + warp_k0 as u32, row0, pos_s);
         }
-        // Pᵀ in 16 bits from here on: it is the `mma` operand, and keeping it packed frees
-        // registers for dPᵀ (dS = P ∘ (dP − D) uses the rounded P).
-        let pt = PackedTile::pack::<E>(&pt);
+        let pt = pt;
         let (d_o_cols, dkv_lanes) = d_o.kn_slice(&step_lanes, dkv_pair0, DKV_TILES / 2);
         if DROPOUT {
             let kept = NonNegative(&pt); // P ∘ Z: the dropped (negated) probabilities read as 0

@@ -314,7 +314,7 @@ unsafe fn key_tile<
             let key_base = record.key_tile() * BN as u32 + warp_k0;
             draw_marks::<Q_TILES>(&rng, key_base, row0, pos, (0, ahead_calls))
         } else {
-            [[0; Q_TILES]; 2]
+            [0; Q_TILES]
         };
         if overlap_dp {
             ptx::wgmma_wait_group::<1>();
@@ -346,18 +346,19 @@ unsafe fn key_tile<
                 }
             });
         }
+        let mut pt = PackedTile::pack::<E>(&pt);
         if DROPOUT {
             let rng = rng_for(&p.dropout, record.batch(), head, dims.heads_q);
             if draw_ahead {
                 let late = (ahead_calls, Q_TILES / 2);
                 let drawn_late = draw_marks::<Q_TILES>(&rng, key_base, row0, pos, late);
-                mark_drawn(&rng, &mut pt, &drawn_early, pos, (0, 2 * ahead_calls));
-                mark_drawn(&rng, &mut pt, &drawn_late, pos, (2 * ahead_calls, Q_TILES));
+                mark_drawn(&mut pt, &drawn_early, pos, (0, ahead_calls));
+                mark_drawn(&mut pt, &drawn_late, pos, late);
             } else {
                 mark_dropped(&rng, &mut pt, key_base, row0, pos);
             }
         }
-        let pt = PackedTile::pack::<E>(&pt);
+        let pt = pt;
         ptx::wgmma_fence(); // Pᵀ's registers, written above
         if !overlap_dp {
             issue_scores::<E, D, BM, Q_TILES>(&mut dpt, smem.v(), d_o, wg);

@@ -31,9 +31,9 @@ pub(crate) mod io;
 #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code
 pub(crate) mod wgmma;
 
-use super::dropout::{drop_probabilities, rng_for};
+use super::dropout::{drop_packed_probabilities, drop_probabilities, rng_for};
 use super::elem::Elem;
-use super::frag::{AccTile, FragPos, RowVec, ThreadPos};
+use super::frag::{AccTile, FragPos, PackedTile, RowVec, ThreadPos};
 use super::gemm::{mma_abt, mma_pb};
 use super::ptx;
 use super::softmax::{OnlineSoftmax, Tuning};
@@ -350,6 +350,15 @@ impl<M: AttnMask, const MT: usize> KeyTile<'_, M, MT> {
         // SAFETY: `opaque_u32` is arithmetic only.
         let pos = FragPos::of(unsafe { ptx::opaque_u32(self.lane) });
         drop_probabilities(self.rng, s, self.rows, self.key0, pos);
+    }
+
+    /// Dropout on the tile's probabilities packed to 16 bits: see
+    /// [`drop_packed_probabilities`].
+    #[inline(always)]
+    pub fn drop_out_packed<const NT: usize>(&self, p: &mut PackedTile<MT, NT>) {
+        // SAFETY: `opaque_u32` is arithmetic only.
+        let pos = FragPos::of(unsafe { ptx::opaque_u32(self.lane) });
+        drop_packed_probabilities(self.rng, p, self.rows, self.key0, pos);
     }
 }
 

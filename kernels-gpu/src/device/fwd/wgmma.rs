@@ -990,8 +990,7 @@ impl<
     };
 
     /// P (in place) from S of key tile `n`; returns the factor O's rows must be multiplied by,
-    /// if a row maximum moved. Dropout comes after the masked and unmasked branches meet, in
-    /// one place (LLVM does not merge the branches' copies itself: they hold inline asm).
+    /// if a row maximum moved. Dropout comes when P is packed ([`Self::pack_p`]).
     #[inline(always)]
     unsafe fn softmax<const NT: usize>(
         &self,
@@ -1009,10 +1008,19 @@ impl<
         } else {
             tile.scores_to_probabilities::<false, false, NT>(s, softmax, &mut factor, tuning);
         }
-        if DROPOUT {
-            tile.drop_out(s);
-        }
         factor
+    }
+
+    /// P of key tile `n` packed to 16 bits for its product, and with dropout, its dropped
+    /// probabilities zeroed there: once, after the masked and unmasked branches met (LLVM does
+    /// not merge the branches' copies itself: they hold inline asm), and a pair at a time.
+    #[inline(always)]
+    unsafe fn pack_p<const NT: usize>(&self, s: &AccTile<1, NT>, n: u32) -> PackedTile<1, NT> {
+        let mut p = PackedTile::<1, NT>::pack::<E>(s);
+        if DROPOUT {
+            self.key_tile(n).drop_out_packed(&mut p);
+        }
+        p
     }
 
     /// Whether the softmax of a key tile after the warpgroup's first is first tried at the
@@ -1083,15 +1091,15 @@ impl<
         let (tile, tuning) = (self.key_tile(n), Self::TUNING);
         if at_reference {
             let any = |moves| self.warpgroup_any(moves);
-            if tile.scores_to_probabilities_at_reference::<MASKED, DROPOUT, NT>(
-                s, softmax, tuning, any,
-            ) {
-                return PackedTile::<1, NT>::pack::<E>(s);
+            if tile
+                .scores_to_probabilities_at_reference::<MASKED, false, NT>(s, softmax, tuning, any)
+            {
+                return self.pack_p(s, n);
             }
             self.recompute_s(s, i);
         }
-        tile.scores_to_probabilities::<MASKED, DROPOUT, NT>(s, softmax, o, tuning);
-        PackedTile::<1, NT>::pack::<E>(s)
+        tile.scores_to_probabilities::<MASKED, false, NT>(s, softmax, o, tuning);
+        self.pack_p(s, n)
     }
 
     /// The key loop of two consumer warpgroups (see the module docs' drawing): the softmax of
@@ -1122,7 +1130,7 @@ impl<
             self.release_k(0);
         }
         self.softmax(&mut s, softmax, first); // O is still zero: nothing to rescale
-        let mut p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+        let mut p_cur = self.pack_p(&s, first);
         let mut next = self.walk.next::<M, BM, BN>(mask, row0, first);
         if M::WALK_READS_MEMORY {
             // Through lane 0, so that the loop's tiles (and the stages and descriptors derived
@@ -1164,7 +1172,7 @@ impl<
             if let Some(factor) = factor {
                 o.scale_rows(&factor); // O ·= 2^(m − m'), now that P·V of tile i is in
             }
-            p_cur = PackedTile::<1, N_TILES>::pack::<E>(&s);
+            p_cur = self.pack_p(&s, n);
             i += 1;
             next = after;
         }

@@ -58,54 +58,6 @@ pub unsafe fn cvt_rn_bf16x2_f32(lo: f32, hi: f32) -> u32 {
     d
 }
 
-/// Dropout's test of two values at once: per 16-bit half, whether the half of `a` is `≥` that
-/// of `b`, for halves below 0x7c00. Returns `x.0` (tested on the low halves) and `x.1` (the
-/// high halves) where it is, and where it is not 0 (`NEGATE` false) or their negation
-/// (`NEGATE` true).
-///
-/// On `sm_90a` one `setp.ge.f16x2` tests both halves: read as f16 (subnormals kept), finite
-/// non-negative halves compare in the integers' order. The other value is written in the asm
-/// (an immediate zero, or a `neg`), so that no register holds it across the loop. The `sm_80`
-/// build compares the halves as integers: there ptxas spilled the general mask's forward with
-/// dropout at d = 64 (255 registers) with the f16 compare, and not with this one.
-///
-/// # Safety
-/// As [`ex2_approx_ftz`].
-#[inline(always)]
-pub unsafe fn keep_halves_ge<const NEGATE: bool>(a: u32, b: u32, x: (f32, f32)) -> (f32, f32) {
-    if !cfg!(flash_arch = "sm90a") {
-        let keep_lo = (a & 0xffff) >= (b & 0xffff);
-        let keep_hi = (a & 0xffff_0000) >= (b & 0xffff_0000);
-        let other = |x: f32| if NEGATE { -x } else { 0.0 };
-        return (
-            if keep_lo { x.0 } else { other(x.0) },
-            if keep_hi { x.1 } else { other(x.1) },
-        );
-    }
-    // One operand list for both templates.
-    macro_rules! test_halves {
-        ($template:literal) => {{
-            let (lo, hi): (f32, f32);
-            asm!(
-                $template,
-                lo = out(reg32) lo,
-                hi = out(reg32) hi,
-                a = in(reg32) a,
-                b = in(reg32) b,
-                xl = in(reg32) x.0,
-                xh = in(reg32) x.1,
-                options(pure, nomem, nostack)
-            );
-            (lo, hi)
-        }};
-    }
-    if NEGATE {
-        test_halves!("{{ .reg .pred p, q; .reg .f32 nl, nh; setp.ge.f16x2 p|q, {a}, {b}; neg.f32 nl, {xl}; neg.f32 nh, {xh}; selp.f32 {lo}, {xl}, nl, p; selp.f32 {hi}, {xh}, nh, q; }}")
-    } else {
-        test_halves!("{{ .reg .pred p, q; setp.ge.f16x2 p|q, {a}, {b}; selp.f32 {lo}, {xl}, 0f00000000, p; selp.f32 {hi}, {xh}, 0f00000000, q; }}")
-    }
-}
-
 /// The bytes of `(a, b)` picked by `selector` (`prmt.b32`: nibble `i` of the selector names
 /// byte `i` of the result, 0–3 from `a`, 4–7 from `b`).
 ///
@@ -116,6 +68,27 @@ pub unsafe fn prmt(a: u32, b: u32, selector: u32) -> u32 {
     let d: u32;
     asm!("prmt.b32 {d}, {a}, {b}, {s};", d = out(reg32) d, a = in(reg32) a, b = in(reg32) b, s = in(reg32) selector, options(pure, nomem, nostack));
     d
+}
+
+/// All ones where the top bit of byte `byte` (0–3) of `word` is set, else zero: `prmt.b32`
+/// replicating the byte's sign over the word (dropout's keep words, [`crate::rng`]).
+///
+/// # Safety
+/// As [`ex2_approx_ftz`].
+#[inline(always)]
+pub unsafe fn byte_sign_mask(word: u32, byte: u32) -> u32 {
+    prmt(word, 0, (8 + byte) * 0x1111)
+}
+
+/// A mask of 16-bit halves for a packed pair: the low half all ones where the top bit of byte
+/// `lo` of `(a, b)` is set (bytes 0–3 of `a`, 4–7 of `b`), the high half likewise by byte
+/// `hi`, else zero (`prmt.b32` replicating the bytes' signs).
+///
+/// # Safety
+/// As [`ex2_approx_ftz`].
+#[inline(always)]
+pub unsafe fn byte_sign_halves(a: u32, b: u32, lo: u32, hi: u32) -> u32 {
+    prmt(a, b, (8 + lo) * 0x11 | (8 + hi) * 0x1100)
 }
 
 /// Butterfly shuffle over the whole warp: returns `x` of lane `lane ^ MASK`.
