@@ -158,6 +158,19 @@ impl DropoutRng {
         ]
     }
 
+    /// The keep test of the half of a call's words `w` ([`Self::draw`]) that holds key `key`:
+    /// words 0 and 1 for keys `c + {0, 1, 8, 9}`, 2 and 3 for `c + {16, 17, 24, 25}` (bit 4 of
+    /// the key), tested by [`Self::keep_group`]. For a tile of 16 keys, which holds one half.
+    #[inline(always)]
+    pub fn keep_half(&self, w: [u32; 4], key: u32) -> [u32; 2] {
+        let (first, second) = if key & 16 == 0 {
+            (w[0], w[1])
+        } else {
+            (w[2], w[3])
+        };
+        self.keep_group(first, second)
+    }
+
     /// The keep words of the call at `(r, c)`: [`Self::draw`] tested by [`Self::keep_group`].
     #[inline(always)]
     pub fn keep_words(&self, r: u32, c: u32) -> [u32; 4] {
@@ -223,6 +236,26 @@ mod tests {
 
     fn args(p: f32, seed: u64, offset: u64) -> DropoutArgs {
         DropoutArgs::new(p, seed, offset, 0)
+    }
+
+    /// A 16-key tile's half of a call is the half its keys lie in: keys `c + {0, …, 15}` take
+    /// the words of keys `c + {0, 1, 8, 9}`, keys `c + {16, …, 31}` those of `c + {16, 17, 24,
+    /// 25}`, as [`DropoutRng::keep_words`] tests them.
+    #[test]
+    fn keep_half_takes_the_half_of_the_tile_keys() {
+        let rng = DropoutRng::new(&args(0.3, 7, 11), 1, 2, 4);
+        for (r, c) in [(0, 0), (9, 32), (35, 66), (1000, 4002)] {
+            let (w, keep) = (rng.draw(r, c), rng.keep_words(r, c));
+            let tile = c & !31;
+            for key in tile..tile + 32 {
+                let half = if key < tile + 16 { 0 } else { 2 };
+                assert_eq!(
+                    rng.keep_half(w, key),
+                    [keep[half], keep[half + 1]],
+                    "key {key}"
+                );
+            }
+        }
     }
 
     /// The byte-parallel test is the scalar definition: element `b` of word `w` of a group is

@@ -55,12 +55,7 @@ fn for_each_group<const MT: usize, const NT: usize>(
         if NT % 4 == 2 {
             let last = key0 + pos.col(NT - 2, 0) - pos.col(0, 0);
             let w = rng.draw(rows.0[mt][0], (last & !31) + pos.col(0, 0));
-            let (first, second) = if last & 16 == 0 {
-                (w[0], w[1])
-            } else {
-                (w[2], w[3])
-            };
-            apply(mt, NT - 2, rng.keep_group(first, second));
+            apply(mt, NT - 2, rng.keep_half(w, last));
         }
     }
 }
@@ -148,12 +143,7 @@ pub unsafe fn draw_marks<const NT: usize>(
     let mut drawn = [0u32; NT];
     for np in first..end {
         let w = rng.draw(row0 + pos.col(2 * np, odd as usize), c);
-        let (a, b) = if key0 & 16 == 0 {
-            (w[0], w[1])
-        } else {
-            (w[2], w[3])
-        };
-        let [k0, k1] = rng.keep_group(a, b);
+        let [k0, k1] = rng.keep_half(w, key0);
         drawn[2 * np] = ptx::prmt(k0, k1, own_bytes);
         let given = ptx::prmt(k0, k1, given_bytes);
         drawn[2 * np + 1] = ptx::shfl_sync_bfly::<4>(f32::from_bits(given)).to_bits();
