@@ -30,6 +30,9 @@ pub struct Device {
     /// Whether the persistent `wgmma` kernels run persistent blocks
     /// (`FLASH_ATTN_WGMMA_PERSISTENT`, read once).
     wgmma_persistent: bool,
+    /// Whether persistent block-sparse forward launches take their query tiles longest first
+    /// (`FLASH_ATTN_TILE_ORDER`, read once).
+    sparse_tile_order: bool,
     /// Whether forward calls take wide key tiles wherever the kind has them
     /// (`FLASH_ATTN_WGMMA_WIDE=1`, read once).
     wgmma_wide_tiles: bool,
@@ -92,6 +95,8 @@ impl Device {
     /// `FLASH_ATTN_BWD=mma` the backward's `mma.sync` kernels there (see [`BackwardPath`]), and
     /// `FLASH_ATTN_WGMMA_PINGPONG=0` the `wgmma` kernels' schedule without turns, and
     /// `FLASH_ATTN_WGMMA_PERSISTENT=0` one block per query tile on the persistent ones, and
+    /// `FLASH_ATTN_TILE_ORDER=0` their block-sparse launches' tiles in grid order rather than
+    /// each head's longest first, and
     /// `FLASH_ATTN_WGMMA_WIDE=1` the plain kind's kernel of 176-key tiles on every call it covers
     /// (see [`Device::wgmma_wide_tiles`]), for testing. Raises the release threshold of the
     /// device's default memory pool (where cudarc's allocations come from) from 0 to unlimited,
@@ -131,6 +136,7 @@ impl Device {
             _ => SCHEDULE_PINGPONG,
         };
         let wgmma_persistent = std::env::var("FLASH_ATTN_WGMMA_PERSISTENT").as_deref() != Ok("0");
+        let sparse_tile_order = std::env::var("FLASH_ATTN_TILE_ORDER").as_deref() != Ok("0");
         let wgmma_wide_tiles = std::env::var("FLASH_ATTN_WGMMA_WIDE").as_deref() == Ok("1");
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
@@ -162,6 +168,7 @@ impl Device {
             backward_path: AtomicU8::new(backward_path as u8),
             wgmma_schedule,
             wgmma_persistent,
+            sparse_tile_order,
             wgmma_wide_tiles,
             max_smem_optin,
             sm_count,
@@ -222,6 +229,14 @@ impl Device {
         } else {
             tiles
         }
+    }
+
+    /// Whether the persistent block-sparse forward launches take their query tiles in the
+    /// order of the key blocks each visits, most first (`crate::fwd`'s `tile_order`), rather
+    /// than in grid order: `FLASH_ATTN_TILE_ORDER=0` turns it off (a diagnostic switch; both
+    /// are exact).
+    pub(crate) fn sparse_tile_order(&self) -> bool {
+        self.sparse_tile_order
     }
 
     /// Whether forward calls take a `wgmma` kernel of key tiles wider than 128 (the plain

@@ -19,6 +19,9 @@ use crate::tensor::DeviceTensor;
 pub(crate) struct DeviceMask {
     /// The arguments to launch with.
     pub args: MaskArgs,
+    /// Device address of the words [`DeviceMask::with_extra`] copied after the block mask's
+    /// (0 when none).
+    pub extra_at: u64,
     /// The slopes on the device, when ALiBi is on.
     _slopes: Option<DeviceTensor<f32>>,
     /// The block-sparse mask's words on the device, when there is one.
@@ -29,6 +32,17 @@ impl DeviceMask {
     /// Checks `params`' masks for a call of `shape` (a varlen batch's longest lengths; the
     /// block mask is checked against them) and prepares their arguments on `dev`.
     pub(crate) fn new(dev: &Device, params: &AttnParams, shape: &AttnShape) -> Result<Self> {
+        Self::with_extra(dev, params, shape, &[])
+    }
+
+    /// [`DeviceMask::new`], with `extra` words copied after the block mask's in the same copy
+    /// (the forward's tile orders), when the call has a block mask.
+    pub(crate) fn with_extra(
+        dev: &Device,
+        params: &AttnParams,
+        shape: &AttnShape,
+        extra: &[u32],
+    ) -> Result<Self> {
         params.check_masks(shape.batch, shape.heads_q)?;
         params.check_bit_masks(shape)?;
         let slopes = match params.alibi_slopes {
@@ -37,15 +51,20 @@ impl DeviceMask {
         };
         let blocks = match params.mask_words() {
             Some(w) => {
-                let words: Vec<i32> = w.iter().map(|&w| w as i32).collect();
+                let words: Vec<i32> = w.iter().chain(extra).map(|&w| w as i32).collect();
                 Some(DeviceTensor::from_host(dev, &[words.len()], &words)?)
             }
             None => None,
         };
         let slopes_at = slopes.as_ref().map_or(0, |t| t.device_address(dev));
         let blocks_at = blocks.as_ref().map_or(0, |t| t.device_address(dev));
+        let extra_at = match params.mask_words() {
+            Some(w) if !extra.is_empty() => blocks_at + 4 * w.len() as u64,
+            _ => 0,
+        };
         Ok(Self {
             args: params.mask_args(shape.head_dim, shape.heads_q, slopes_at, blocks_at)?,
+            extra_at,
             _slopes: slopes,
             _blocks: blocks,
         })

@@ -2,6 +2,8 @@
 //! [`SPARSE_BLOCK`] keys, per batch entry and head or shared, and the helpers that build the
 //! common layouts (local + global tokens, strided, butterfly).
 
+use std::sync::{Arc, Mutex};
+
 use flash_attn_kernels::mask::SPARSE_BLOCK;
 
 use crate::error::{FlashError, Result};
@@ -25,6 +27,44 @@ pub struct BlockMask {
     /// The block rows of every (entry, head), then from `cols_at` their block columns.
     words: Vec<u32>,
     cols_at: usize,
+    /// The tile orders of the persistent forward launches over this mask so far.
+    orders: OrderCache,
+}
+
+/// What identifies a launch's tile order over a mask (`crate::fwd`'s `tile_order`): its
+/// sequences, heads, lengths, first sequence, query tiles per head, rows per tile, and causal
+/// and longest-first flags.
+pub(crate) type OrderKey = [u32; 8];
+
+/// Launches' tile orders over one mask, each computed once (a mask is immutable, and a model
+/// calls with the same one layer after layer): the newest [`OrderCache::KEEP`]. Not part of
+/// the mask's value: clones start empty, equality and `Debug` ignore it.
+#[derive(Default)]
+struct OrderCache(Mutex<Vec<(OrderKey, Arc<[u32]>)>>);
+
+impl OrderCache {
+    /// Orders kept per mask.
+    const KEEP: usize = 8;
+}
+
+impl Clone for OrderCache {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for OrderCache {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for OrderCache {}
+
+impl std::fmt::Debug for OrderCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OrderCache")
+    }
 }
 
 impl BlockMask {
@@ -76,6 +116,7 @@ impl BlockMask {
             col_words,
             words,
             cols_at: rows_len,
+            orders: OrderCache::default(),
         })
     }
 
@@ -106,6 +147,52 @@ impl BlockMask {
         let (b, h) = (b % self.dims[0], h % self.dims[1]);
         let row = ((b * self.dims[1] + h) * self.dims[2] + i) * self.row_words;
         self.words[row + j / 32] >> (j % 32) & 1 != 0
+    }
+
+    /// The visible key blocks below `key_blocks` in the union of block rows `rows` of entry
+    /// `b`, head `h` (indices of shared dimensions taken modulo 1).
+    pub(crate) fn visible_blocks(
+        &self,
+        b: usize,
+        h: usize,
+        rows: std::ops::RangeInclusive<usize>,
+        key_blocks: usize,
+    ) -> usize {
+        let (b, h) = (b % self.dims[0], h % self.dims[1]);
+        let first_row = (b * self.dims[1] + h) * self.dims[2];
+        (0..key_blocks.div_ceil(32))
+            .map(|w| {
+                let union = rows.clone().fold(0u32, |u, i| {
+                    u | self.words[(first_row + i) * self.row_words + w]
+                });
+                let below = key_blocks - 32 * w; // keep blocks 32·w + [0, below)
+                let kept = if below >= 32 {
+                    u32::MAX
+                } else {
+                    (1 << below) - 1
+                };
+                (union & kept).count_ones() as usize
+            })
+            .sum()
+    }
+
+    /// The tile order of the launch `key` describes: kept from an earlier call, else
+    /// `compute`d and kept.
+    pub(crate) fn tile_order(
+        &self,
+        key: OrderKey,
+        compute: impl FnOnce() -> Vec<u32>,
+    ) -> Arc<[u32]> {
+        let mut orders = self.orders.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, order)) = orders.iter().find(|(k, _)| *k == key) {
+            return order.clone();
+        }
+        let order: Arc<[u32]> = compute().into();
+        if orders.len() == OrderCache::KEEP {
+            orders.remove(0);
+        }
+        orders.push((key, order.clone()));
+        order
     }
 
     /// The share of visible blocks.

@@ -2,11 +2,13 @@
 //! sequence and keys enough to split run on the decode kernels, see [`crate::decode`]). The
 //! work is split by job:
 //! [`validate`] checks the call, [`dispatch`] picks the kernel, [`layout`] handles tensors
-//! that break the kernel's alignment rule, and [`crate::launch`] launches.
+//! that break the kernel's alignment rule, [`tile_order`] orders the query tiles of a
+//! persistent block-sparse launch, and [`crate::launch`] launches.
 
 mod dispatch;
 mod dropout_mask;
 pub(crate) mod layout;
+mod tile_order;
 mod tma;
 pub(crate) mod validate;
 
@@ -24,6 +26,7 @@ use crate::tensor::DeviceTensor;
 use dispatch::{fwd_kernel, wgmma_pays, FwdKernel, Keys};
 pub use dropout_mask::flash_attn_dropout_mask;
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
+use tile_order::LaunchOrders;
 use tma::TensorMaps;
 use validate::{
     check_dtype, check_output_shapes, check_placement, dims, input_shape, lse_ref, varlen_shape,
@@ -237,8 +240,9 @@ impl ForwardCall {
         runs: &[SeqRun],
     ) -> Result<()> {
         let (shape, d) = (&self.shape, self.shape.head_dim);
-        let mask = DeviceMask::new(dev, params, shape)?;
         let padded_d = padded_head_dim(d);
+        let orders = LaunchOrders::of(dev, params, shape, (self.kernel.tile, padded_d), runs)?;
+        let mask = DeviceMask::with_extra(dev, params, shape, &orders.words)?;
         let q_packed = packed_input(dev, q, padded_d)?;
         let k_packed = packed_input(dev, k, padded_d)?;
         let v_packed = packed_input(dev, v, padded_d)?;
@@ -289,11 +293,8 @@ impl ForwardCall {
             _ => None,
         };
         for (i, (run, p)) in launches.into_iter().enumerate() {
-            let mut grid = (
-                run.len_q.div_ceil(tile.block_m) as u32,
-                shape.heads_q as u32,
-                run.count as u32,
-            );
+            let tiles_x = run.len_q.div_ceil(tile.block_m) as u32;
+            let mut grid = (tiles_x, shape.heads_q as u32, run.count as u32);
             let tiles = grid.0 as usize * shape.heads_q * run.count;
             let tiles = u32::try_from(tiles)
                 .map_err(|_| FlashError::TooLarge(format!("{tiles} query tiles in one launch")))?;
@@ -303,6 +304,11 @@ impl ForwardCall {
                     c.device_address(dev) + 4 * i as u64
                 }
                 None => 0,
+            };
+            // Persistent block-sparse launches take their tiles longest first (`tile_order`).
+            let tile_order = match (&counters, orders.starts.get(i)) {
+                (Some(_), Some(Some(start))) => mask.extra_at + 4 * *start as u64,
+                _ => 0,
             };
             let (name, threads, smem) = (kernel.name, tile.threads() as u32, tile.smem_bytes());
             // SAFETY: every pointer and stride in `p` was derived from live tensors whose
@@ -317,8 +323,9 @@ impl ForwardCall {
                             fwd: p,
                             tensor_maps,
                             tile_counter,
+                            tile_order,
                             schedule: dev.wgmma_schedule(),
-                            tiles_x: run.len_q.div_ceil(tile.block_m) as u32,
+                            tiles_x,
                             tiles,
                             reserved: 0,
                         };

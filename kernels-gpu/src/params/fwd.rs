@@ -36,7 +36,7 @@ const _: () = assert!(core::mem::size_of::<FwdParams>() == 4 * 32 + 24 + 24 + 64
 const _: () = assert!(core::mem::offset_of!(FwdParams, lse) == 128);
 const _: () = assert!(core::mem::offset_of!(FwdParams, dims) == 152);
 const _: () = assert!(core::mem::offset_of!(FwdParams, mask) == 184);
-const _: () = assert!(core::mem::size_of::<WgmmaFwdParams>() == 280 + 32);
+const _: () = assert!(core::mem::size_of::<WgmmaFwdParams>() == 280 + 40);
 const _: () = assert!(core::mem::offset_of!(WgmmaFwdParams, tile_counter) == 288);
 
 /// Bytes of one `CUtensorMap` (a TMA descriptor); they are 64-byte aligned.
@@ -61,6 +61,11 @@ pub struct WgmmaFwdParams {
     /// is the one the one-block-per-tile grid runs as block `(t mod tiles_x, t / tiles_x mod
     /// heads_q, t / (tiles_x·heads_q))`. Unused by the other kernels.
     pub tile_counter: u64,
+    /// Persistent kernels with a mask that reads memory (block-sparse): device address of
+    /// `tiles` u32 query tile indices, a permutation, in the order the blocks take them (block
+    /// `x` takes entry `x` first, then entry `nctaid.x + atomicAdd(counter, 1)`), or 0 for
+    /// the tiles in their own order. The host's is longest first. Unused by the other kernels.
+    pub tile_order: u64,
     /// [`SCHEDULE_PINGPONG`] or 0 (the consumer warpgroups issue their products as they
     /// come).
     pub schedule: u32,

@@ -43,7 +43,10 @@
 //! one block per SM; block `x` runs query tile `x`, then takes `nctaid.x + atomicAdd(counter,
 //! 1)` until past the last, in the one-tile-per-block grid's order (query tiles of a head in a
 //! row, longest first under a causal mask; heads and sequences after), so the tiles in flight
-//! stay as close together as the hardware's block order kept them. The producer's warp 0
+//! stay as close together as the hardware's block order kept them; a block-sparse launch's
+//! blocks take those entries of the host's tile order instead, its tiles by the key blocks
+//! they visit, most first, so the launch ends on its shortest ones
+//! ([`WgmmaFwdParams::tile_order`]). The producer's warp 0
 //! (lane 0 issuing) writes each tile's index into a shared slot before `q_full`, waits on
 //! `q_empty` (every consumer warp arrives once its warpgroup is done reading Q: after its
 //! last S = Q·Kᵀ of the tile, or with three consumer warpgroups after the softmax that may
@@ -272,7 +275,8 @@ fn tile_block<const BM: usize>(
 
 /// The producer of a persistent block (its first warp, lane 0 issuing: the loop's scalars stay
 /// warp-uniform, in uniform registers, which the producer's 24 per thread do not hold): its
-/// first query tile is the block's index, the next ones come from the launch's counter. For
+/// first query tile is the block's index, the next ones come from the launch's counter
+/// (entries of the launch's tile order, where it has one: [`ordered_tile`]). For
 /// each, once the consumers have freed Q (`q_empty`): the tile's index into the slot, then Q
 /// and its key tiles (the ring running on across tiles), or a bare arrival on `q_full` for a
 /// tile that sees no key; past the last tile, the index alone (the consumers then stop).
@@ -291,8 +295,9 @@ unsafe fn produce_tiles<
     lane: u32,
 ) {
     let (p, bars, leader) = (&args.fwd, layout.bars(), lane == 0);
-    let (mut tile, mut t, mut ring) = (ptx::ctaid().0, 0u32, 0u32);
+    let (mut taken, mut t, mut ring) = (ptx::ctaid().0, 0u32, 0u32);
     loop {
+        let tile = ordered_tile::<M>(args, taken);
         if t > 0 {
             ptx::mbarrier_wait(bars.q_empty(), (t - 1) & 1);
         }
@@ -320,13 +325,27 @@ unsafe fn produce_tiles<
             }
             None => ptx::mbarrier_arrive_if(bars.q_full(), leader),
         }
-        let taken = if leader {
+        let counted = if leader {
             ptx::atom_global_add_u32(args.tile_counter as *mut u32, 1)
         } else {
             0
         };
-        tile = ptx::nctaid_x() + ptx::shfl_sync_idx_u32(taken, 0);
+        taken = ptx::nctaid_x() + ptx::shfl_sync_idx_u32(counted, 0);
         t += 1;
+    }
+}
+
+/// Entry `k` of a persistent launch's tile order ([`WgmmaFwdParams::tile_order`]) for masks
+/// that read memory (block-sparse), where the launch has one; else, and past the last entry,
+/// `k` itself. Warp-uniform (through lane 0).
+#[inline(always)]
+unsafe fn ordered_tile<M: AttnMask>(args: &WgmmaFwdParams, k: u32) -> u32 {
+    if M::WALK_READS_MEMORY && args.tile_order != 0 && k < args.tiles {
+        // SAFETY: the host's order holds `tiles` entries.
+        let tile = *(args.tile_order as *const u32).add(k as usize);
+        ptx::shfl_sync_idx_u32(tile, 0)
+    } else {
+        k
     }
 }
 
