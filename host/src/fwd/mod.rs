@@ -307,7 +307,7 @@ impl ForwardCall {
             };
             // Persistent block-sparse launches take their tiles longest first (`tile_order`).
             let tile_order = match (&counters, orders.starts.get(i)) {
-                (Some(_), Some(Some(start))) => mask.extra_at + 4 * *start as u64,
+                (Some(_), Some(&start)) => mask.extra_at + 4 * start as u64,
                 _ => 0,
             };
             let (name, threads, smem) = (kernel.name, tile.threads() as u32, tile.smem_bytes());

@@ -27,8 +27,8 @@ pub(crate) struct LaunchOrders {
     /// Every launch's order, one after the other.
     pub words: Vec<u32>,
     /// Where in `words` each launch's order starts (launches of the runs with queries, in
-    /// order), or `None` for a launch without one.
-    pub starts: Vec<Option<usize>>,
+    /// order); empty when the call's launches take none.
+    pub starts: Vec<usize>,
 }
 
 impl LaunchOrders {
@@ -69,7 +69,7 @@ impl LaunchOrders {
                 let launch = (tiles_x, block_m, longest_first);
                 sparse_tile_order(mask, &dims, run.first, causal, launch)
             });
-            orders.starts.push(Some(orders.words.len()));
+            orders.starts.push(orders.words.len());
             orders.words.extend_from_slice(&order);
         }
         Ok(orders)
@@ -81,9 +81,8 @@ impl LaunchOrders {
 /// t / (tiles_x · heads_q))`, mapped to its query rows as the kernels map it, by
 /// [`BlockInfo::new`] with `block_m` and `longest_first`), each (sequence, head)'s `tiles_x`
 /// in turn, those sorted by the visible key blocks of their rows' block rows, most first,
-/// ties in tile order. `first` is the launch's first
-/// sequence, its batch entry in `mask`; with `causal` a row sees the keys up to its
-/// (bottom-right aligned) diagonal.
+/// ties in tile order. `first` is the launch's first sequence, its batch entry in `mask`;
+/// with `causal` a row sees the keys up to its (bottom-right aligned) diagonal.
 pub(crate) fn sparse_tile_order(
     mask: &BlockMask,
     dims: &SeqDims,
