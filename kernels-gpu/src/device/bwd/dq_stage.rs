@@ -26,6 +26,7 @@ pub(super) enum StageRecord {
     PendingNext = 3,
     /// The walk's look-ahead slots (block-sparse kernels, [`DqStage::walk_slot`]): the query
     /// head of slot 0; its tile is the next word, slot 1's head and tile the two after.
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // the sm_90a block-sparse walk
     WalkHead = 4,
 }
 
@@ -38,6 +39,7 @@ pub(super) struct DqStage<const BM: usize, const D: usize> {
 
 impl<const BM: usize, const D: usize> DqStage<BM, D> {
     /// Bytes of the stage, record included.
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // the sm_90a block-sparse walk
     pub(super) const BYTES: u32 = (4 * BM * (D + 8)) as u32;
 
     /// The stage at shared address `at`.
@@ -63,6 +65,7 @@ impl<const BM: usize, const D: usize> DqStage<BM, D> {
     /// The walk's look-ahead slot `parity` (0 or 1): where one warp of a block-sparse kernel
     /// leaves the query tile after the one the next step loads (`u32::MAX` as the tile: none),
     /// so the other warps do not walk the mask's bits themselves (see `wgmma::key_tile`).
+    #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // the sm_90a block-sparse walk
     #[inline(always)]
     pub(super) fn walk_slot(self, parity: u32) -> WalkSlot {
         WalkSlot {
@@ -128,11 +131,13 @@ impl<const BM: usize, const D: usize> DqStage<BM, D> {
 
 /// One of the walk's look-ahead slots ([`DqStage::walk_slot`]): a query tile `(head, i)`, or
 /// none, written by one warp before a block-wide barrier and read by every thread after it.
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // the sm_90a block-sparse walk
 #[derive(Clone, Copy)]
 pub(super) struct WalkSlot {
     head: u32,
 }
 
+#[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // the sm_90a block-sparse walk
 impl WalkSlot {
     /// Writes `tile` (lane 0 of the calling warp stores).
     #[inline(always)]
