@@ -51,8 +51,9 @@ pub struct FwdTile {
 
 /// Bytes of `mbarrier`s after the tiles of a kernel with producer warps: Q's, then K's and
 /// V's arrival and free signals of each stage of a ring of up to 3 (8 bytes each), then (the
-/// persistent kernels) Q's free signal and the slot of the block's current query tile.
-pub const TMA_BARRIER_BYTES: usize = 8 * (1 + 4 * 3) + 16;
+/// persistent kernels) Q's free signal, two slots for the block's query tiles (alternate
+/// tiles), and the arrival and free signals of a second warpgroup's part of Q.
+pub const TMA_BARRIER_BYTES: usize = 8 * (1 + 4 * 3) + 32;
 
 impl FwdTile {
     /// The tile for `head_dim` from the registry's `(warps, m_tiles, block_n, q_in_regs)`.

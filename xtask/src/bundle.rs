@@ -12,7 +12,7 @@ const SOURCE_TESTS: [&str; 2] = ["tidy", "readme"];
 
 /// Whether a test target needs the GPU machine: the `gpu_*` suites and the host crate's own
 /// tests (its loader and device tests). The CPU suites run here and in CI; every test binary
-/// embeds the kernels (about 7 MiB of compressed streams that do not compress further), so
+/// embeds the kernels (about 22 MiB of compressed streams that do not compress further), so
 /// carrying them all would not fit the bundle.
 fn needs_gpu(target: &str) -> bool {
     target.starts_with("gpu_") || target == "flash_attn"
@@ -114,7 +114,7 @@ pub fn run() -> Result<(), String> {
     copy(&root.join("xtask/scripts/run.sh"), &out.join("run.sh"))?;
     let size = dir_size(&out)?;
     eprintln!("bundle/: {:.1} MiB", size as f64 / (1 << 20) as f64);
-    // Every binary embeds the same kernels (zlib streams, about 7 MiB, that gzip cannot
+    // Every binary embeds the same kernels (zlib streams, about 22 MiB, that gzip cannot
     // shrink): xz with a 64 MiB dictionary (`-9`) stores them about once for all binaries.
     let archive = root.join("bundle.txz");
     cmd::run(Command::new("tar").current_dir(&root).args([

@@ -12,7 +12,7 @@ mod tile_order;
 mod tma;
 pub(crate) mod validate;
 
-use flash_attn_kernels::params::{FwdParams, WgmmaFwdParams};
+use flash_attn_kernels::params::{q_box_rows, FwdParams, WgmmaFwdParams};
 
 use crate::device::Device;
 use crate::dtype::Element;
@@ -280,8 +280,9 @@ impl ForwardCall {
         let (mut kernel, mut maps) = (self.kernel, None);
         if kernel.tile.producer_warps > 0 {
             let params: Vec<FwdParams> = launches.iter().map(|(_, p)| *p).collect();
-            let (bm, bn) = (kernel.tile.block_m, kernel.tile.block_n);
-            maps = TensorMaps::upload(dev, &params, bm, bn)?;
+            let tile = kernel.tile;
+            let q_rows = q_box_rows(tile.block_m, tile.persistent);
+            maps = TensorMaps::upload(dev, &params, q_rows, tile.block_n)?;
             if maps.is_none() {
                 kernel = self.fallback; // a layout the TMA descriptors cannot describe
             }

@@ -23,19 +23,20 @@ pub(crate) struct TensorMaps {
 }
 
 impl TensorMaps {
-    /// Encodes the Q, K and V maps of each launch's parameters (Q boxes of `block_m` rows, K
-    /// and V of `block_n`) and uploads them. `None` when the driver refuses a layout (then the
+    /// Encodes the Q, K and V maps of each launch's parameters (Q boxes of `q_rows` rows,
+    /// [`flash_attn_kernels::params::q_box_rows`] of the kernel; K and V of `block_n`) and
+    /// uploads them. `None` when the driver refuses a layout (then the
     /// call takes the `mma.sync` kernel).
     pub(crate) fn upload(
         dev: &Device,
         launches: &[FwdParams],
-        block_m: usize,
+        q_rows: usize,
         block_n: usize,
     ) -> Result<Option<Self>> {
         let mut bytes = Vec::with_capacity(launches.len() * LAUNCH_BYTES);
         for p in launches {
             let d = p.dims;
-            let q = encode(&p.q, d.head_dim, d.seqlen_q, d.heads_q, d.batch, block_m);
+            let q = encode(&p.q, d.head_dim, d.seqlen_q, d.heads_q, d.batch, q_rows);
             let k = encode(&p.k, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n);
             let v = encode(&p.v, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n);
             let (Some(q), Some(k), Some(v)) = (q, k, v) else {

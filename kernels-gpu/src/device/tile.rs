@@ -406,10 +406,36 @@ impl<const ROWS: usize, const D: usize> GmmaTile<ROWS, D> {
     /// aligned and no one reads it until `bar` completes.
     #[inline(always)]
     pub unsafe fn load_tma(self, map: u64, row: u32, head: u32, batch: u32, bar: u32) {
+        self.load_tma_rows::<ROWS>(map, row, head, batch, bar, 0, ROWS);
+    }
+
+    /// As [`Self::load_tma`], for the tile's rows `part0 .. part0 + rows` only (rows
+    /// `row + part0 ..` of the tensor), in boxes of `BOX` rows: one copy per box and column
+    /// block. `bar` must expect `rows·D·2` bytes.
+    ///
+    /// # Safety
+    /// As [`Self::load_tma`], with `(64, BOX, 1, 1)` boxes; `part0` and `rows` are multiples
+    /// of `BOX` (and of 8, the swizzle's period, so each box stays 1024-byte aligned) within
+    /// the tile.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn load_tma_rows<const BOX: usize>(
+        self,
+        map: u64,
+        row: u32,
+        head: u32,
+        batch: u32,
+        bar: u32,
+        part0: usize,
+        rows: usize,
+    ) {
+        const { assert!(BOX % 8 == 0 && ROWS % BOX == 0) };
         for cb in 0..Self::BLOCKS {
-            let dst = self.base + (cb * ROWS * crate::gmma::ROW_BYTES as usize) as u32;
             let col = (cb * crate::gmma::BLOCK_COLS) as u32;
-            ptx::cp_async_bulk_tensor_4d(dst, map, [col, row, head, batch], bar);
+            for r in (part0..part0 + rows).step_by(BOX) {
+                let dst = self.base + ((cb * ROWS + r) * crate::gmma::ROW_BYTES as usize) as u32;
+                ptx::cp_async_bulk_tensor_4d(dst, map, [col, row + r as u32, head, batch], bar);
+            }
         }
     }
 

@@ -42,6 +42,18 @@ const _: () = assert!(core::mem::offset_of!(WgmmaFwdParams, tile_counter) == 288
 /// Bytes of one `CUtensorMap` (a TMA descriptor); they are 64-byte aligned.
 pub const TENSOR_MAP_BYTES: usize = 128;
 
+/// Rows of the box of Q's tensor map in [`WgmmaFwdParams::tensor_maps`] for a kernel of
+/// `block_m` query rows: one consumer warpgroup's 64 in persistent blocks of two consumer
+/// warpgroups, which load each warpgroup's part of the next query tile as soon as that
+/// warpgroup is done with the current one; else the block's `block_m`.
+pub const fn q_box_rows(block_m: usize, persistent: bool) -> usize {
+    if persistent && block_m == 128 {
+        64
+    } else {
+        block_m
+    }
+}
+
 /// Parameters of Hopper's warp-specialised forward kernels (`flash_fwd_wgmma_*`): the
 /// forward's, plus the TMA descriptors of Q, K and V, which the host encodes for the same
 /// pointers, strides and sizes and leaves in global memory (a descriptor passed by value would
@@ -53,7 +65,7 @@ pub struct WgmmaFwdParams {
     pub fwd: FwdParams,
     /// Device address of three consecutive [`TENSOR_MAP_BYTES`]-byte tensor maps (Q, K, V),
     /// each of rank 4 over `(head_dim, seq, head, batch)` with 64-column boxes and the
-    /// 128-byte swizzle: Q's box has 128 rows, K's and V's the kernel's `block_n`.
+    /// 128-byte swizzle: Q's box has [`q_box_rows`] rows, K's and V's the kernel's `block_n`.
     pub tensor_maps: u64,
     /// Persistent kernels ([`crate::config::FwdTile::persistent`]): device address of a u32,
     /// zero at launch, from which the blocks take their query tiles after their first

@@ -14,7 +14,7 @@ mod probe;
 
 pub use bwd::BwdParams;
 pub use decode::{AppendParams, CombineParams, DecodeParams, KvLayout};
-pub use fwd::{FwdParams, WgmmaFwdParams, SCHEDULE_PINGPONG, TENSOR_MAP_BYTES};
+pub use fwd::{q_box_rows, FwdParams, WgmmaFwdParams, SCHEDULE_PINGPONG, TENSOR_MAP_BYTES};
 pub use pad::{PadParams, PAD_SCATTER};
 pub use probe::ProbeParams;
 

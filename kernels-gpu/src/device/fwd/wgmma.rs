@@ -53,7 +53,11 @@
 //! compute that S again; before the last P·V and O store) before the next tile's Q, and
 //! runs the K/V ring on across tiles: the next tile's Q and first K/V load while the
 //! consumers write the current tile's O. Past the last tile it writes the index alone, and the
-//! consumers stop.
+//! consumers stop. With two consumer warpgroups ([`q_by_warpgroup`]) Q is loaded and freed
+//! per warpgroup (its 64 rows, a box of its own, on its own `q_full` and `q_empty`), and the
+//! turns run on from one query tile to the next ([`Turns`]): a warpgroup done with a tile
+//! starts the next one (its rows of Q loaded since its last S = Q·Kᵀ) while the other runs its
+//! last P·V and stores its O, so the tensor cores do not wait for both epilogues.
 //!
 //! The key walk ([`Walk`]): blocks of two consumer warpgroups at d ≤ 128 without dropout walk
 //! the key tiles of a causal mask or a window upwards, so the tile a causal mask cuts at the
@@ -101,7 +105,7 @@ use crate::device::softmax::{OnlineSoftmax, Tuning};
 use crate::device::tile::GmmaTile;
 use crate::gmma::BLOCK_COLS;
 use crate::mask::AttnMask;
-use crate::params::{FwdParams, WgmmaFwdParams, SCHEDULE_PINGPONG, TENSOR_MAP_BYTES};
+use crate::params::{q_box_rows, FwdParams, WgmmaFwdParams, SCHEDULE_PINGPONG, TENSOR_MAP_BYTES};
 use crate::rng::DropoutRng;
 use core::marker::PhantomData;
 
@@ -124,8 +128,21 @@ pub const CONSUMER_REGS_OF_THREE: u32 = 160;
 const WG_ROWS: usize = 64;
 /// Threads of one warpgroup.
 const WG_THREADS: u32 = 128;
+
+/// Whether each consumer warpgroup's rows of Q are loaded and freed on their own (`q_full`
+/// and `q_empty` per warpgroup) and the warpgroups' turns run on across query tiles
+/// ([`Turns::chained`]): persistent blocks of two consumer warpgroups. A warpgroup then
+/// starts its next query tile (its part of Q loaded once it had read the last of its part of
+/// this one) while the other one still runs its last P·V and stores its O.
+/// The host's Q boxes then have a warpgroup's rows ([`q_box_rows`]).
+const fn q_by_warpgroup(bm: usize, persistent: bool) -> bool {
+    q_box_rows(bm, persistent) < bm
+}
+
 /// Bytes of the barriers after the tiles: `q_full`, then `k_full`, `v_full`, `k_empty` and
-/// (two stages) `v_empty` of each stage (8 bytes each; reserved for up to 3 stages).
+/// (two stages) `v_empty` of each stage (8 bytes each; reserved for up to 3 stages), then
+/// the persistent blocks' `q_empty`, two tile slots, and where [`q_by_warpgroup`] the second
+/// warpgroup's `q_full` and `q_empty` ([`Barriers`]).
 pub const BARRIER_BYTES: usize = crate::config::TMA_BARRIER_BYTES;
 
 /// The forward kernel body on TMA and `wgmma`; see the module docs. Const parameters: `D`
@@ -159,7 +176,8 @@ pub unsafe fn flash_fwd_wgmma<
         assert!(BN == 64 || BN == 128 || BN == 176);
         assert!(BM == 128 || BM == 192);
         assert!(STAGES >= 2 && STAGES <= 3); // step i reads K of tile i + 1 and V of tile i
-        assert!(BARRIER_BYTES >= 8 * (1 + 4 * 3) + 16);
+        assert!(BARRIER_BYTES >= 8 * (1 + 4 * 3) + 32);
+        assert!(!q_by_warpgroup(BM, PERSISTENT) || q_box_rows(BM, PERSISTENT) == WG_ROWS);
     };
     let p = &args.fwd;
     let layout = SmemLayout::<D, BM, BN, STAGES> {
@@ -175,7 +193,9 @@ pub unsafe fn flash_fwd_wgmma<
     let walk = Walk::of::<M, D, BM, DROPOUT>();
     if PERSISTENT {
         if me.tid == 0 {
-            layout.bars().init(BM as u32 / MMA_M as u32, true);
+            layout
+                .bars()
+                .init(BM as u32 / MMA_M as u32, true, q_by_warpgroup(BM, true));
         }
         ptx::bar_sync(); // the barriers are initialised (the only block-wide barrier)
         if warp < PRODUCER_WARPS as u32 {
@@ -209,7 +229,7 @@ pub unsafe fn flash_fwd_wgmma<
     );
     let mask = M::new(&p.mask, &block);
     if me.tid == 0 {
-        layout.bars().init(BM as u32 / MMA_M as u32, false);
+        layout.bars().init(BM as u32 / MMA_M as u32, false, false);
     }
     ptx::bar_sync(); // the barriers are initialised (the only block-wide barrier)
     let first = walk.first::<M, BM, BN>(&mask, block.row0);
@@ -225,6 +245,10 @@ pub unsafe fn flash_fwd_wgmma<
                 first,
                 0,
                 true,
+                QLoad {
+                    by_warpgroup: false,
+                    tile: 0,
+                },
             );
         }
         return;
@@ -277,9 +301,11 @@ fn tile_block<const BM: usize>(
 /// warp-uniform, in uniform registers, which the producer's 24 per thread do not hold): its
 /// first query tile is the block's index, the next ones come from the launch's counter
 /// (entries of the launch's tile order, where it has one: [`ordered_tile`]). For
-/// each, once the consumers have freed Q (`q_empty`): the tile's index into the slot, then Q
-/// and its key tiles (the ring running on across tiles), or a bare arrival on `q_full` for a
-/// tile that sees no key; past the last tile, the index alone (the consumers then stop).
+/// each, once the consumers have freed Q (`q_empty`; where [`q_by_warpgroup`], the first
+/// warpgroup's part, the second's before its part loads): the tile's index into its slot,
+/// then Q and its key tiles (the ring running on across tiles), or bare arrivals on `q_full`
+/// for a tile that sees no key; past the last tile, the index alone (the consumers then
+/// stop).
 #[inline(always)]
 unsafe fn produce_tiles<
     M: AttnMask,
@@ -295,17 +321,18 @@ unsafe fn produce_tiles<
     lane: u32,
 ) {
     let (p, bars, leader) = (&args.fwd, layout.bars(), lane == 0);
+    let by_warpgroup = q_by_warpgroup(BM, true);
     let (mut taken, mut t, mut ring) = (ptx::ctaid().0, 0u32, 0u32);
     loop {
         let tile = ordered_tile::<M>(args, taken);
         if t > 0 {
-            ptx::mbarrier_wait(bars.q_empty(), (t - 1) & 1);
+            ptx::mbarrier_wait(bars.q_empty(0), (t - 1) & 1);
         }
         if leader {
-            ptx::st_shared_u32(bars.tile_slot(), tile);
+            ptx::st_shared_u32(bars.tile_slot(t), tile);
         }
         if tile >= args.tiles {
-            ptx::mbarrier_arrive_if(bars.q_full(), leader);
+            announce_without_q(bars, by_warpgroup, t, leader);
             return;
         }
         let block = tile_block::<BM>(p, tile, args.tiles_x, longest_first);
@@ -321,9 +348,13 @@ unsafe fn produce_tiles<
                     first,
                     ring,
                     leader,
+                    QLoad {
+                        by_warpgroup,
+                        tile: t,
+                    },
                 )
             }
-            None => ptx::mbarrier_arrive_if(bars.q_full(), leader),
+            None => announce_without_q(bars, by_warpgroup, t, leader),
         }
         let counted = if leader {
             ptx::atom_global_add_u32(args.tile_counter as *mut u32, 1)
@@ -332,6 +363,43 @@ unsafe fn produce_tiles<
         };
         taken = ptx::nctaid_x() + ptx::shfl_sync_idx_u32(counted, 0);
         t += 1;
+    }
+}
+
+/// A persistent producer's arrivals on `q_full` for its `t`-th query tile without loading Q
+/// (a tile that sees no key, or past the last tile): where [`q_by_warpgroup`], the second
+/// warpgroup's once that warpgroup freed its part of tile `t − 1` (so that no barrier runs a
+/// phase ahead of its waiters).
+#[inline(always)]
+unsafe fn announce_without_q<const STAGES: usize>(
+    bars: Barriers<STAGES>,
+    by_warpgroup: bool,
+    t: u32,
+    leader: bool,
+) {
+    ptx::mbarrier_arrive_if(bars.q_full(0), leader);
+    if by_warpgroup {
+        if t > 0 {
+            ptx::mbarrier_wait(bars.q_empty(1), (t - 1) & 1);
+        }
+        ptx::mbarrier_arrive_if(bars.q_full(1), leader);
+    }
+}
+
+/// How a producer loads a query tile's Q: at once, or where [`q_by_warpgroup`] (`by_warpgroup`)
+/// each consumer warpgroup's rows on their own `q_full`, the second's once that warpgroup has
+/// freed its part of the block's previous query tile (`tile` counts the block's tiles).
+#[derive(Clone, Copy)]
+struct QLoad {
+    by_warpgroup: bool,
+    tile: u32,
+}
+
+/// Brings the launch's tensor maps into the TMA unit's descriptor cache.
+#[inline(always)]
+unsafe fn prefetch_maps(maps: [u64; 3]) {
+    for map in maps {
+        ptx::prefetch_tensormap(map);
     }
 }
 
@@ -372,10 +440,15 @@ unsafe fn consume_tiles<
 ) {
     let (p, bars) = (&args.fwd, layout.bars());
     let walk = Walk::of::<M, D, BM, DROPOUT>();
+    let by_warpgroup = q_by_warpgroup(BM, true);
+    let part = if by_warpgroup { me.warp / 4 } else { 0 };
+    if by_warpgroup {
+        Turns::of::<BM>(pingpong, me.warp / 4, true).start_chain();
+    }
     let (mut t, mut ring) = (0u32, 0u32);
     loop {
-        ptx::mbarrier_wait(bars.q_full(), t & 1);
-        let mut tile = ptx::ld_shared_u32(bars.tile_slot());
+        ptx::mbarrier_wait(bars.q_full(part), t & 1);
+        let mut tile = ptx::ld_shared_u32(bars.tile_slot(t));
         if M::WALK_READS_MEMORY {
             // The tile, the ring's count and (below) the first key tile through lane 0, as the
             // walk's next tiles (see `consume_overlapped`): the first key tile comes from a
@@ -483,10 +556,11 @@ struct Barriers<const STAGES: usize> {
 }
 
 impl<const STAGES: usize> Barriers<STAGES> {
-    /// Completes when Q has landed.
+    /// Completes when Q has landed: all of it (`part` 0), or where [`q_by_warpgroup`],
+    /// consumer warpgroup `part`'s rows.
     #[inline(always)]
-    fn q_full(self) -> u32 {
-        self.base
+    fn q_full(self, part: u32) -> u32 {
+        self.base + part * (8 * (1 + 4 * 3) + 16)
     }
 
     /// Completes when stage `s`'s K tile has landed.
@@ -525,26 +599,33 @@ impl<const STAGES: usize> Barriers<STAGES> {
     }
 
     /// Persistent blocks: completes when every consumer warp has finished reading Q (and the
-    /// tile slot), after a query tile's key loop. After the barriers of a ring of 3.
+    /// tile slot), after a query tile's key loop; where [`q_by_warpgroup`], every warp of
+    /// consumer warpgroup `part`, its rows of Q. After the barriers of a ring of 3, then
+    /// after the second `q_full`.
     #[inline(always)]
-    fn q_empty(self) -> u32 {
-        self.base + 8 * (1 + 4 * 3)
+    fn q_empty(self, part: u32) -> u32 {
+        self.base + 8 * (1 + 4 * 3) + part * 24
     }
 
-    /// Persistent blocks: the index of the block's current query tile (u32), written by the
-    /// producer before it arrives on `q_full`.
+    /// Persistent blocks: the index (u32) of the block's `t`-th query tile, written by the
+    /// producer before it arrives on `q_full`; two slots, alternate tiles (with Q by
+    /// warpgroup one warpgroup may read tile `t + 1`'s before the other is done with `t`).
     #[inline(always)]
-    fn tile_slot(self) -> u32 {
-        self.q_empty() + 8
+    fn tile_slot(self, t: u32) -> u32 {
+        self.q_empty(0) + 8 + 4 * (t & 1)
     }
 
     /// Initialises every barrier (one thread) for `warps` consumer warps (and `q_empty` in
-    /// a persistent block).
+    /// a persistent block; per warpgroup where [`q_by_warpgroup`]).
     #[inline(always)]
-    unsafe fn init(self, warps: u32, persistent: bool) {
-        ptx::mbarrier_init(self.q_full(), 1);
-        if persistent {
-            ptx::mbarrier_init(self.q_empty(), warps);
+    unsafe fn init(self, warps: u32, persistent: bool, by_warpgroup: bool) {
+        ptx::mbarrier_init(self.q_full(0), 1);
+        if by_warpgroup {
+            ptx::mbarrier_init(self.q_full(1), 1);
+            ptx::mbarrier_init(self.q_empty(0), warps / 2);
+            ptx::mbarrier_init(self.q_empty(1), warps / 2);
+        } else if persistent {
+            ptx::mbarrier_init(self.q_empty(0), warps);
         }
         for s in 0..STAGES as u32 {
             ptx::mbarrier_init(self.k_full(s), 1);
@@ -564,14 +645,42 @@ impl<const STAGES: usize> Barriers<STAGES> {
 /// next one's. All run the same key tiles, so the arrivals and waits pair up exactly: the
 /// last warpgroup arrives once before the loop (warpgroup 0 goes first) and skips its
 /// arrival in its last turn.
+///
+/// Chained (`chained`, where [`q_by_warpgroup`]): the turns run on across a persistent
+/// block's query tiles, as one sequence. The last warpgroup arrives once before the block's
+/// first tile ([`Turns::start_chain`]) and in every turn, its last one of a query tile too,
+/// so warpgroup 0 can issue its next tile's products while the last warpgroup finishes this
+/// one. Both warpgroups walk the same key tiles, so the arrivals still pair up; the block's
+/// very last arrival is left unawaited when it exits.
 #[derive(Clone, Copy)]
 struct Turns {
     on: bool,
     wg: u32,
     count: u32,
+    chained: bool,
 }
 
 impl Turns {
+    /// The turns of warpgroup `wg` of a block of `BM` rows.
+    #[inline(always)]
+    fn of<const BM: usize>(on: bool, wg: u32, chained: bool) -> Self {
+        Self {
+            on,
+            wg,
+            count: (BM / WG_ROWS) as u32,
+            chained,
+        }
+    }
+
+    /// Once per persistent block, before its first query tile, where `chained`: the last
+    /// warpgroup lets warpgroup 0 go first.
+    #[inline(always)]
+    unsafe fn start_chain(self) {
+        if self.on && self.chained && self.wg == self.count - 1 {
+            ptx::bar_arrive_named(self.barrier(0), 2 * WG_THREADS);
+        }
+    }
+
     /// Named barrier of warpgroup `wg`'s turn: after `bar.sync`'s 0 and the warpgroups' own
     /// (`1 ..= count`).
     #[inline(always)]
@@ -579,10 +688,11 @@ impl Turns {
         1 + self.count + wg
     }
 
-    /// Before the first turn: the last warpgroup lets warpgroup 0 go first.
+    /// Before the first turn of a query tile: the last warpgroup lets warpgroup 0 go first
+    /// (unless `chained`: see [`Turns::start_chain`]).
     #[inline(always)]
     unsafe fn start(self) {
-        if self.on && self.wg == self.count - 1 {
+        if self.on && !self.chained && self.wg == self.count - 1 {
             ptx::bar_arrive_named(self.barrier(0), 2 * WG_THREADS);
         }
     }
@@ -595,12 +705,12 @@ impl Turns {
         }
     }
 
-    /// Gives the turn to the next warpgroup (unless this is the last warpgroup's last turn,
-    /// which warpgroup 0 does not wait for).
+    /// Gives the turn to the next warpgroup (unless this is the last warpgroup's last turn of
+    /// a query tile, which warpgroup 0 does not wait for, and the turns are not `chained`).
     #[inline(always)]
     unsafe fn pass(self, last: bool) {
         let wraps = self.wg == self.count - 1;
-        if self.on && !(last && wraps) {
+        if self.on && !(last && wraps && !self.chained) {
             // Two: the other one, as `1 − wg` (the same PTX as before a third warpgroup existed:
             // the 240-register kernels' allocation moves with any change).
             let next = match (self.count, wraps) {
@@ -675,9 +785,10 @@ fn ring<const STAGES: usize>(j: u32) -> (u32, u32) {
     (j % STAGES as u32, (j / STAGES as u32) & 1)
 }
 
-/// The producer: Q, then each key tile the mask visits into the next free stage, the first
-/// being the ring's `ring0`-th tile; returns the ring's count after the last. Run by one
-/// thread, or by a warp whose `leader` lane alone arrives and issues the copies.
+/// The producer: Q (as `q_load` says), then each key tile the mask visits into the next free
+/// stage, the first being the ring's `ring0`-th tile; returns the ring's count after the
+/// last. Run by one thread, or by a warp whose `leader` lane alone arrives and issues the
+/// copies.
 #[inline(always)]
 unsafe fn produce<
     M: AttnMask,
@@ -694,6 +805,7 @@ unsafe fn produce<
     first: u32,
     ring0: u32,
     leader: bool,
+    q_load: QLoad,
 ) -> u32 {
     let (map_q, map_k, map_v) = (
         maps,
@@ -701,14 +813,26 @@ unsafe fn produce<
         maps + 2 * TENSOR_MAP_BYTES as u64,
     );
     let bars = layout.bars();
-    if leader {
-        for map in [map_q, map_k, map_v] {
-            ptx::prefetch_tensormap(map);
+    let (q, row0, head, batch) = (layout.q(), block.row0, block.head, block.batch);
+    if q_load.by_warpgroup {
+        let (bytes, t) = (GmmaTile::<BM, D>::BYTES / 2, q_load.tile);
+        if leader {
+            prefetch_maps([map_q, map_k, map_v]);
+            ptx::mbarrier_arrive_expect_tx(bars.q_full(0), bytes);
+            q.load_tma_rows::<WG_ROWS>(map_q, row0, head, batch, bars.q_full(0), 0, WG_ROWS);
         }
-        ptx::mbarrier_arrive_expect_tx(bars.q_full(), GmmaTile::<BM, D>::BYTES);
-        layout
-            .q()
-            .load_tma(map_q, block.row0, block.head, block.batch, bars.q_full());
+        if t > 0 {
+            ptx::mbarrier_wait(bars.q_empty(1), (t - 1) & 1);
+        }
+        if leader {
+            ptx::mbarrier_arrive_expect_tx(bars.q_full(1), bytes);
+            let bar = bars.q_full(1);
+            q.load_tma_rows::<WG_ROWS>(map_q, row0, head, batch, bar, WG_ROWS, WG_ROWS);
+        }
+    } else if leader {
+        prefetch_maps([map_q, map_k, map_v]);
+        ptx::mbarrier_arrive_expect_tx(bars.q_full(0), GmmaTile::<BM, D>::BYTES);
+        q.load_tma(map_q, row0, head, batch, bars.q_full(0));
     }
     let (mut n, mut j) = (first, ring0);
     loop {
@@ -771,6 +895,8 @@ unsafe fn consume<
     let warp_m0 = me.warp as usize * MMA_M; // first row of this warp
     let wg = me.warp / 4;
     let wg_m0 = wg as usize * WG_ROWS; // first row of this warpgroup
+    let by_warpgroup = q_by_warpgroup(BM, PERSISTENT);
+    let q_part = if by_warpgroup { wg } else { 0 }; // its `q_full` and `q_empty`
     let mut o = AccTile::<1, D_TILES>::zero();
     let mut softmax = OnlineSoftmax::<1>::new();
     let row0 = block.row0;
@@ -789,10 +915,11 @@ unsafe fn consume<
             scale: p.scale_log2.abs(),
             ring0,
             frees_q: PERSISTENT,
+            q_part,
             walk: Walk::of::<M, D, BM, DROPOUT>(),
             elem: PhantomData,
         };
-        ptx::mbarrier_wait(layout.bars().q_full(), q_phase);
+        ptx::mbarrier_wait(layout.bars().q_full(q_part), q_phase);
         if p.scale_log2 < 0.0 {
             // softmax(s·c), c < 0, is softmax((−Q)·Kᵀ·|c|): each warpgroup negates its rows.
             let t = me.tid % WG_THREADS;
@@ -802,11 +929,7 @@ unsafe fn consume<
             ptx::fence_proxy_async_shared_cta();
             ptx::bar_sync_named(1 + wg, WG_THREADS);
         }
-        let turns = Turns {
-            on: pingpong,
-            wg,
-            count: (BM / WG_ROWS) as u32,
-        };
+        let turns = Turns::of::<BM>(pingpong, wg, by_warpgroup);
         tiles = if BM == 2 * WG_ROWS {
             pipe.consume_overlapped::<D_TILES, N_TILES>(first, turns, &mut o, &mut softmax)
         } else {
@@ -820,7 +943,7 @@ unsafe fn consume<
     }
     if PERSISTENT && first.is_none() {
         // No product read Q (the loops free it once done reading it).
-        ptx::mbarrier_arrive_if(layout.bars().q_empty(), me.lane == 0);
+        ptx::mbarrier_arrive_if(layout.bars().q_empty(q_part), me.lane == 0);
     }
     let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
     let first_row = row0 + warp_m0 as u32;
@@ -865,6 +988,8 @@ struct Pipeline<
     /// (persistent blocks, in which the producer then loads the next query tile's Q while
     /// the warps finish this one).
     frees_q: bool,
+    /// The `q_empty` this warp arrives on: its warpgroup's where [`q_by_warpgroup`], else 0.
+    q_part: u32,
     /// The order of the key tiles, the producer's.
     walk: Walk,
     elem: PhantomData<E>,
@@ -925,7 +1050,7 @@ impl<
     #[inline(always)]
     unsafe fn release_q(&self, last: bool) {
         if self.frees_q {
-            let bar = self.layout.bars().q_empty();
+            let bar = self.layout.bars().q_empty(self.q_part);
             ptx::mbarrier_arrive_if(bar, last && self.lane == 0);
         }
     }
