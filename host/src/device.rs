@@ -2,6 +2,7 @@
 
 use crate::error::{FlashError, Result};
 use crate::kernels;
+use crate::scratch::LaunchScratch;
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::nvrtc::Ptx;
@@ -43,6 +44,8 @@ pub struct Device {
     loaded: Mutex<HashMap<&'static str, Loaded>>,
     /// Blocks of each kernel an SM holds at once (see [`Device::resident_blocks`]).
     occupancy: Mutex<HashMap<&'static str, usize>>,
+    /// The calls' launch data (TMA descriptors, tile counters), one buffer reused.
+    scratch: LaunchScratch,
 }
 
 /// Which kernels the forward runs on Hopper (compute capability 9.0); other GPUs always run
@@ -175,6 +178,7 @@ impl Device {
             memory_gbps_per_sm,
             loaded: Mutex::new(HashMap::new()),
             occupancy: Mutex::new(HashMap::new()),
+            scratch: LaunchScratch::default(),
         })
     }
 
@@ -360,6 +364,11 @@ impl Device {
             .unwrap_or_else(|p| p.into_inner())
             .insert(name, n);
         Ok(n)
+    }
+
+    /// The buffer of the calls' launch data (see [`crate::scratch`]).
+    pub(crate) fn launch_scratch(&self) -> &LaunchScratch {
+        &self.scratch
     }
 
     /// Kernel `name`, loaded on first use, with its dynamic shared-memory limit raised to

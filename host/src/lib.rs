@@ -19,6 +19,7 @@ mod mask;
 pub mod params;
 mod pool;
 pub mod probe;
+mod scratch;
 pub mod seqs;
 pub mod shape;
 pub mod sparse;

@@ -690,7 +690,7 @@ fn check_dtypes<const N: usize>(q: &RawTensor, others: [&RawTensor; N]) -> Resul
 
 /// Where the forward pass runs.
 enum Backend {
-    Gpu(Device),
+    Gpu(Box<Device>),
     Cpu,
 }
 
@@ -714,7 +714,7 @@ fn pick_backend(dtype: DType, force_cpu: bool) -> Backend {
                 "flash-attn-cli: backend: GPU 0 ({name}, compute capability {major}.{minor}, {} PTX)",
                 dev.ptx_arch()
             );
-            Backend::Gpu(dev)
+            Backend::Gpu(Box::new(dev))
         }
         Err(e) => {
             eprintln!("flash-attn-cli: backend: CPU (no usable GPU: {e})");

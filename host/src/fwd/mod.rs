@@ -27,7 +27,7 @@ use dispatch::{fwd_kernel, wgmma_pays, FwdKernel, Keys};
 pub use dropout_mask::flash_attn_dropout_mask;
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use tile_order::LaunchOrders;
-use tma::TensorMaps;
+use tma::{TensorMaps, LAUNCH_BYTES};
 use validate::{
     check_dtype, check_output_shapes, check_placement, dims, input_shape, lse_ref, varlen_shape,
 };
@@ -282,33 +282,38 @@ impl ForwardCall {
             let params: Vec<FwdParams> = launches.iter().map(|(_, p)| *p).collect();
             let tile = kernel.tile;
             let q_rows = q_box_rows(tile.block_m, tile.persistent);
-            maps = TensorMaps::upload(dev, &params, q_rows, tile.block_n)?;
+            maps = TensorMaps::encode(&params, q_rows, tile.block_n);
             if maps.is_none() {
                 kernel = self.fallback; // a layout the TMA descriptors cannot describe
             }
         }
         let tile = kernel.tile;
-        // Persistent blocks take their tiles from one zeroed counter per launch.
-        let counters = match (&maps, tile.persistent) {
-            (Some(_), true) => Some(DeviceTensor::<i32>::zeros(dev, &[launches.len()])?),
-            _ => None,
+        // The launch data: the maps, then (persistent blocks) one zeroed tile counter per
+        // launch; the scratch stays locked until the launches are queued.
+        let scratch = match maps {
+            Some(TensorMaps { bytes }) => {
+                let counters = if tile.persistent { launches.len() } else { 0 };
+                Some(dev.launch_scratch().upload(dev, &bytes, counters)?)
+            }
+            None => None,
         };
+        let counters_at = launches.len() * LAUNCH_BYTES;
         for (i, (run, p)) in launches.into_iter().enumerate() {
             let tiles_x = run.len_q.div_ceil(tile.block_m) as u32;
             let mut grid = (tiles_x, shape.heads_q as u32, run.count as u32);
             let tiles = grid.0 as usize * shape.heads_q * run.count;
             let tiles = u32::try_from(tiles)
                 .map_err(|_| FlashError::TooLarge(format!("{tiles} query tiles in one launch")))?;
-            let tile_counter = match &counters {
-                Some(c) => {
+            let tile_counter = match &scratch {
+                Some(s) if tile.persistent => {
                     grid = (dev.persistent_blocks(tiles as usize) as u32, 1, 1);
-                    c.device_address(dev) + 4 * i as u64
+                    s.address(counters_at + 4 * i)
                 }
-                None => 0,
+                _ => 0,
             };
             // Persistent block-sparse launches take their tiles longest first (`tile_order`).
-            let tile_order = match (&counters, orders.starts.get(i)) {
-                (Some(_), Some(&start)) => mask.extra_at + 4 * start as u64,
+            let tile_order = match orders.starts.get(i) {
+                Some(&start) if tile_counter != 0 => mask.extra_at + 4 * start as u64,
                 _ => 0,
             };
             let (name, threads, smem) = (kernel.name, tile.threads() as u32, tile.smem_bytes());
@@ -317,12 +322,11 @@ impl ForwardCall {
             // tensor maps describe the same tensors; grid, block and shared memory are the
             // tile's.
             unsafe {
-                match &maps {
-                    Some(maps) => {
-                        let tensor_maps = maps.address(dev, i);
+                match &scratch {
+                    Some(s) => {
                         let p = WgmmaFwdParams {
                             fwd: p,
-                            tensor_maps,
+                            tensor_maps: s.address(i * LAUNCH_BYTES),
                             tile_counter,
                             tile_order,
                             schedule: dev.wgmma_schedule(),
@@ -336,6 +340,7 @@ impl ForwardCall {
                 }
             };
         }
+        drop(scratch);
         if let Some(packed) = &o_packed {
             scatter_output(dev, o, packed, d, padded_d)?;
         }

@@ -1,60 +1,40 @@
 //! TMA descriptors (`CUtensorMap`) of a Hopper forward launch's Q, K and V, encoded on the
-//! host (`cuTensorMapEncodeTiled`, no GPU work) and uploaded once per call to global memory,
-//! where the kernels read them (see `flash_attn_kernels::params::WgmmaFwdParams`).
+//! host (`cuTensorMapEncodeTiled`, no GPU work) and uploaded with the call's other launch data
+//! to global memory ([`crate::scratch`]), where the kernels read them (see
+//! `flash_attn_kernels::params::WgmmaFwdParams`).
 
 use cudarc::driver::sys::{
     cuTensorMapEncodeTiled, CUresult, CUtensorMap, CUtensorMapDataType, CUtensorMapFloatOOBfill,
     CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
 };
-use cudarc::driver::{CudaSlice, DevicePtr};
 use flash_attn_kernels::gmma::BLOCK_COLS;
 use flash_attn_kernels::params::{FwdParams, TensorRef, TENSOR_MAP_BYTES};
 
-use crate::device::Device;
-use crate::error::Result;
+/// Bytes of one launch's three maps (Q, K, V), a multiple of the 64 bytes TMA aligns
+/// descriptors to.
+pub(crate) const LAUNCH_BYTES: usize = 3 * TENSOR_MAP_BYTES;
 
-/// Bytes of one launch's three maps (Q, K, V).
-const LAUNCH_BYTES: usize = 3 * TENSOR_MAP_BYTES;
-
-/// The maps of every launch of a call, in device memory (freed in stream order when dropped,
-/// after the launches that read them).
+/// The maps of every launch of a call, encoded: launch `i`'s Q, K and V at `i·LAUNCH_BYTES`.
 pub(crate) struct TensorMaps {
-    buf: CudaSlice<u8>,
+    pub(crate) bytes: Vec<u8>,
 }
 
 impl TensorMaps {
     /// Encodes the Q, K and V maps of each launch's parameters (Q boxes of `q_rows` rows,
-    /// [`flash_attn_kernels::params::q_box_rows`] of the kernel; K and V of `block_n`) and
-    /// uploads them. `None` when the driver refuses a layout (then the
-    /// call takes the `mma.sync` kernel).
-    pub(crate) fn upload(
-        dev: &Device,
-        launches: &[FwdParams],
-        q_rows: usize,
-        block_n: usize,
-    ) -> Result<Option<Self>> {
+    /// [`flash_attn_kernels::params::q_box_rows`] of the kernel; K and V of `block_n`).
+    /// `None` when the driver refuses a layout (then the call takes the `mma.sync` kernel).
+    pub(crate) fn encode(launches: &[FwdParams], q_rows: usize, block_n: usize) -> Option<Self> {
         let mut bytes = Vec::with_capacity(launches.len() * LAUNCH_BYTES);
         for p in launches {
             let d = p.dims;
-            let q = encode(&p.q, d.head_dim, d.seqlen_q, d.heads_q, d.batch, q_rows);
-            let k = encode(&p.k, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n);
-            let v = encode(&p.v, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n);
-            let (Some(q), Some(k), Some(v)) = (q, k, v) else {
-                return Ok(None);
-            };
+            let q = encode(&p.q, d.head_dim, d.seqlen_q, d.heads_q, d.batch, q_rows)?;
+            let k = encode(&p.k, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n)?;
+            let v = encode(&p.v, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n)?;
             for map in [q, k, v] {
                 bytes.extend(map.opaque.iter().flat_map(|w| w.to_le_bytes()));
             }
         }
-        Ok(Some(Self {
-            buf: dev.stream().clone_htod(&bytes)?,
-        }))
-    }
-
-    /// Device address of launch `i`'s three maps.
-    pub(crate) fn address(&self, dev: &Device, i: usize) -> u64 {
-        let (ptr, _sync) = self.buf.device_ptr(dev.stream());
-        ptr + (i * LAUNCH_BYTES) as u64
+        Some(Self { bytes })
     }
 }
 

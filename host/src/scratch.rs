@@ -1,0 +1,75 @@
+//! A device's launch scratch: the few hundred bytes a call's kernels read besides the
+//! tensors (the Hopper forward's TMA descriptors, then its persistent launches' tile
+//! counters, which must start at zero), uploaded by one host-to-device copy per call into a
+//! buffer the [`Device`] keeps. A fresh buffer per call cost an allocation, a free and, for
+//! the counters, a memset on the stream besides the copy: driver calls made while the GPU
+//! waits for the call's first launch (4–10 µs per forward call on an H200,
+//! docs/perf-notes.md, 2026-11-28).
+//!
+//! Reuse is safe in stream order: every copy and launch of a [`Device`] runs on its one
+//! stream, so a call's copy runs after the previous call's kernels have read the buffer.
+//! The buffer stays locked from the copy until the call's launches are queued
+//! ([`ScratchUpload`]), so that two threads sharing a device cannot interleave their copies
+//! and launches.
+
+use crate::device::Device;
+use crate::error::Result;
+use cudarc::driver::{CudaSlice, DevicePtr};
+use std::sync::{Mutex, MutexGuard};
+
+/// Smallest buffer allocated (bytes): one launch's descriptors and counters fit many times.
+const MIN_BYTES: usize = 4096;
+
+/// The buffer, grown (never shrunk) to the largest call's bytes.
+#[derive(Default)]
+pub(crate) struct LaunchScratch {
+    buf: Mutex<Option<CudaSlice<u8>>>,
+}
+
+/// A call's launch data in the device's scratch buffer, which stays locked while this lives:
+/// keep it until the launches that read it are queued.
+pub(crate) struct ScratchUpload<'a> {
+    _lock: MutexGuard<'a, Option<CudaSlice<u8>>>,
+    address: u64,
+}
+
+impl ScratchUpload<'_> {
+    /// Device address of byte `offset` of the call's launch data.
+    pub(crate) fn address(&self, offset: usize) -> u64 {
+        self.address + offset as u64
+    }
+}
+
+impl LaunchScratch {
+    /// Copies `descriptors` to the start of the buffer and `counters` zeroed u32s right after
+    /// them (in stream order, after the kernels already queued), growing the buffer first
+    /// where it is too small. The start is aligned to 256 bytes (the driver's allocation
+    /// alignment), enough for TMA descriptors (64); `descriptors.len()` must keep the
+    /// counters 4-byte aligned.
+    pub(crate) fn upload<'a>(
+        &'a self,
+        dev: &Device,
+        descriptors: &[u8],
+        counters: usize,
+    ) -> Result<ScratchUpload<'a>> {
+        debug_assert!(descriptors.len() % 4 == 0);
+        let mut bytes = Vec::with_capacity(descriptors.len() + 4 * counters);
+        bytes.extend_from_slice(descriptors);
+        bytes.resize(descriptors.len() + 4 * counters, 0);
+        let mut lock = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+        if lock.as_ref().is_none_or(|b| b.len() < bytes.len()) {
+            let len = bytes.len().next_power_of_two().max(MIN_BYTES);
+            // SAFETY: what a call reads is written by its copy below before any of its
+            // launches; the old buffer (dropped here) is freed in stream order, after its
+            // readers.
+            *lock = Some(unsafe { dev.stream().alloc::<u8>(len)? });
+        }
+        let buf = lock.as_mut().expect("allocated above");
+        dev.stream().memcpy_htod(&bytes, buf)?;
+        let address = buf.device_ptr(dev.stream()).0;
+        Ok(ScratchUpload {
+            _lock: lock,
+            address,
+        })
+    }
+}
