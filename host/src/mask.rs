@@ -11,62 +11,87 @@ use flash_attn_kernels::registry::MaskKind;
 use crate::device::Device;
 use crate::error::{FlashError, Result};
 use crate::params::AttnParams;
+use crate::scratch::{LaunchBytes, ScratchUpload};
 use crate::shape::AttnShape;
-use crate::tensor::DeviceTensor;
 
-/// The kernels' mask arguments for a GPU call, with the ALiBi slopes copied to the device
-/// (kept alive here until the launches that read them are queued).
-pub(crate) struct DeviceMask {
-    /// The arguments to launch with.
-    pub args: MaskArgs,
-    /// Device address of the words [`DeviceMask::with_extra`] copied after the block mask's
-    /// (0 when none).
-    pub extra_at: u64,
-    /// The slopes on the device, when ALiBi is on.
-    _slopes: Option<DeviceTensor<f32>>,
-    /// The block-sparse mask's words on the device, when there is one.
-    _blocks: Option<DeviceTensor<i32>>,
+/// Where a call's mask data sits in its launch data ([`LaunchBytes`]): the ALiBi slopes and
+/// the bit mask's words (the block mask's or the tree's), with `extra` words right after
+/// them (the forward's tile orders). The device addresses, and so the kernels' arguments,
+/// come once the launch data is uploaded ([`StagedMask::args`]).
+pub(crate) struct StagedMask {
+    slopes: Option<usize>,
+    words: Option<usize>,
+    extra: Option<usize>,
 }
 
-impl DeviceMask {
+impl StagedMask {
     /// Checks `params`' masks for a call of `shape` (a varlen batch's longest lengths; the
-    /// block mask is checked against them) and prepares their arguments on `dev`.
-    pub(crate) fn new(dev: &Device, params: &AttnParams, shape: &AttnShape) -> Result<Self> {
-        Self::with_extra(dev, params, shape, &[])
-    }
-
-    /// [`DeviceMask::new`], with `extra` words copied after the block mask's in the same copy
-    /// (the forward's tile orders), when the call has a block mask.
-    pub(crate) fn with_extra(
-        dev: &Device,
+    /// block mask is checked against them) and appends their data to `data`, with `extra`
+    /// words after the bit mask's when the call has one.
+    pub(crate) fn stage(
         params: &AttnParams,
         shape: &AttnShape,
         extra: &[u32],
+        data: &mut LaunchBytes,
     ) -> Result<Self> {
         params.check_masks(shape.batch, shape.heads_q)?;
         params.check_bit_masks(shape)?;
-        let slopes = match params.alibi_slopes {
-            Some(s) => Some(DeviceTensor::from_host(dev, &[s.len()], s)?),
-            None => None,
-        };
-        let blocks = match params.mask_words() {
-            Some(w) => {
-                let words: Vec<i32> = w.iter().chain(extra).map(|&w| w as i32).collect();
-                Some(DeviceTensor::from_host(dev, &[words.len()], &words)?)
-            }
-            None => None,
-        };
-        let slopes_at = slopes.as_ref().map_or(0, |t| t.device_address(dev));
-        let blocks_at = blocks.as_ref().map_or(0, |t| t.device_address(dev));
-        let extra_at = match params.mask_words() {
-            Some(w) if !extra.is_empty() => blocks_at + 4 * w.len() as u64,
-            _ => 0,
+        let slopes = params
+            .alibi_slopes
+            .map(|s| data.push_words(s.iter().map(|x| x.to_bits())));
+        let words = params
+            .mask_words()
+            .map(|w| data.push_words(w.iter().copied()));
+        let extra = match words {
+            Some(_) if !extra.is_empty() => Some(data.push_words(extra.iter().copied())),
+            _ => None,
         };
         Ok(Self {
-            args: params.mask_args(shape.head_dim, shape.heads_q, slopes_at, blocks_at)?,
-            extra_at,
-            _slopes: slopes,
-            _blocks: blocks,
+            slopes,
+            words,
+            extra,
+        })
+    }
+
+    /// The kernels' mask arguments once the launch data is at `upload`, and the device
+    /// address of the extra words (0 when none).
+    pub(crate) fn args(
+        &self,
+        params: &AttnParams,
+        shape: &AttnShape,
+        upload: &ScratchUpload,
+    ) -> Result<(MaskArgs, u64)> {
+        let at = |offset: Option<usize>| offset.map_or(0, |o| upload.address(o));
+        let args = params.mask_args(
+            shape.head_dim,
+            shape.heads_q,
+            at(self.slopes),
+            at(self.words),
+        )?;
+        Ok((args, at(self.extra)))
+    }
+}
+
+/// The kernels' mask arguments for a GPU call whose only launch data is its mask's (the
+/// backward, the decode path), uploaded to the device's launch scratch, which stays locked
+/// while this lives: keep it until the launches that read it are queued.
+pub(crate) struct DeviceMask<'a> {
+    /// The arguments to launch with.
+    pub args: MaskArgs,
+    _upload: ScratchUpload<'a>,
+}
+
+impl<'a> DeviceMask<'a> {
+    /// Checks `params`' masks for a call of `shape` (see [`StagedMask::stage`]) and uploads
+    /// their data.
+    pub(crate) fn new(dev: &'a Device, params: &AttnParams, shape: &AttnShape) -> Result<Self> {
+        let mut data = LaunchBytes::default();
+        let staged = StagedMask::stage(params, shape, &[], &mut data)?;
+        let upload = dev.launch_scratch().upload(dev, &data)?;
+        let (args, _) = staged.args(params, shape, &upload)?;
+        Ok(Self {
+            args,
+            _upload: upload,
         })
     }
 }

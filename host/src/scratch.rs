@@ -1,10 +1,11 @@
-//! A device's launch scratch: the few hundred bytes a call's kernels read besides the
-//! tensors (the Hopper forward's TMA descriptors, then its persistent launches' tile
-//! counters, which must start at zero), uploaded by one host-to-device copy per call into a
-//! buffer the [`Device`] keeps. A fresh buffer per call cost an allocation, a free and, for
-//! the counters, a memset on the stream besides the copy: driver calls made while the GPU
-//! waits for the call's first launch (4–10 µs per forward call on an H200,
-//! docs/perf-notes.md, 2026-11-28).
+//! A device's launch scratch: the data a call's kernels read besides the tensors (the
+//! Hopper forward's TMA descriptors and its persistent launches' tile counters, which must
+//! start at zero; the ALiBi slopes; the block or tree mask's words and the block-sparse
+//! forward's tile orders), assembled on the host ([`LaunchBytes`]) and uploaded by one
+//! host-to-device copy per call into a buffer the [`Device`] keeps. A fresh buffer per piece
+//! cost an allocation, a free and, for the counters, a memset on the stream besides the
+//! copy: driver calls made while the GPU waits for the call's first launch (4–10 µs per
+//! forward call on an H200, docs/perf-notes.md, 2026-11-28).
 //!
 //! Reuse is safe in stream order: every copy and launch of a [`Device`] runs on its one
 //! stream, so a call's copy runs after the previous call's kernels have read the buffer.
@@ -34,29 +35,56 @@ pub(crate) struct ScratchUpload<'a> {
 }
 
 impl ScratchUpload<'_> {
-    /// Device address of byte `offset` of the call's launch data.
+    /// Device address of byte `offset` of the call's launch data ([`LaunchBytes::push`]'s
+    /// offsets).
     pub(crate) fn address(&self, offset: usize) -> u64 {
         self.address + offset as u64
     }
 }
 
+/// A call's launch data, assembled on the host: each piece at an offset aligned for it.
+#[derive(Default)]
+pub(crate) struct LaunchBytes {
+    bytes: Vec<u8>,
+}
+
+impl LaunchBytes {
+    /// Appends `data` at the next multiple of `align` (a power of two, at most 256, the
+    /// buffer's own alignment) and returns its offset.
+    pub(crate) fn push(&mut self, data: &[u8], align: usize) -> usize {
+        debug_assert!(align.is_power_of_two() && align <= 256);
+        let at = self.bytes.len().next_multiple_of(align);
+        self.bytes.resize(at, 0);
+        self.bytes.extend_from_slice(data);
+        at
+    }
+
+    /// Appends `words` (little-endian, 4-byte aligned) and returns their offset.
+    pub(crate) fn push_words(&mut self, words: impl IntoIterator<Item = u32>) -> usize {
+        let at = self.push(&[], 4);
+        self.bytes
+            .extend(words.into_iter().flat_map(u32::to_le_bytes));
+        at
+    }
+}
+
 impl LaunchScratch {
-    /// Copies `descriptors` to the start of the buffer and `counters` zeroed u32s right after
-    /// them (in stream order, after the kernels already queued), growing the buffer first
-    /// where it is too small. The start is aligned to 256 bytes (the driver's allocation
-    /// alignment), enough for TMA descriptors (64); `descriptors.len()` must keep the
-    /// counters 4-byte aligned.
+    /// Copies `data` to the start of the buffer (in stream order, after the kernels already
+    /// queued; nothing when it is empty), growing the buffer first where it is too small. The
+    /// start is aligned to 256 bytes (the driver's allocation alignment).
     pub(crate) fn upload<'a>(
         &'a self,
         dev: &Device,
-        descriptors: &[u8],
-        counters: usize,
+        data: &LaunchBytes,
     ) -> Result<ScratchUpload<'a>> {
-        debug_assert!(descriptors.len() % 4 == 0);
-        let mut bytes = Vec::with_capacity(descriptors.len() + 4 * counters);
-        bytes.extend_from_slice(descriptors);
-        bytes.resize(descriptors.len() + 4 * counters, 0);
+        let bytes = &data.bytes;
         let mut lock = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+        if bytes.is_empty() {
+            return Ok(ScratchUpload {
+                _lock: lock,
+                address: 0,
+            });
+        }
         if lock.as_ref().is_none_or(|b| b.len() < bytes.len()) {
             let len = bytes.len().next_power_of_two().max(MIN_BYTES);
             // SAFETY: what a call reads is written by its copy below before any of its
@@ -65,7 +93,7 @@ impl LaunchScratch {
             *lock = Some(unsafe { dev.stream().alloc::<u8>(len)? });
         }
         let buf = lock.as_mut().expect("allocated above");
-        dev.stream().memcpy_htod(&bytes, buf)?;
+        dev.stream().memcpy_htod(bytes.as_slice(), buf)?;
         let address = buf.device_ptr(dev.stream()).0;
         Ok(ScratchUpload {
             _lock: lock,

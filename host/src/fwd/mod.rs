@@ -18,8 +18,9 @@ use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{FlashError, Result};
 use crate::launch::launch;
-use crate::mask::DeviceMask;
+use crate::mask::StagedMask;
 use crate::params::AttnParams;
+use crate::scratch::LaunchBytes;
 use crate::seqs::{gpu_runs, SeqRun, Varlen};
 use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
@@ -27,7 +28,7 @@ use dispatch::{fwd_kernel, wgmma_pays, FwdKernel, Keys};
 pub use dropout_mask::flash_attn_dropout_mask;
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use tile_order::LaunchOrders;
-use tma::{TensorMaps, LAUNCH_BYTES};
+use tma::{TensorMaps, LAUNCH_BYTES, TENSOR_MAP_ALIGN};
 use validate::{
     check_dtype, check_output_shapes, check_placement, dims, input_shape, lse_ref, varlen_shape,
 };
@@ -242,7 +243,12 @@ impl ForwardCall {
         let (shape, d) = (&self.shape, self.shape.head_dim);
         let padded_d = padded_head_dim(d);
         let orders = LaunchOrders::of(dev, params, shape, (self.kernel.tile, padded_d), runs)?;
-        let mask = DeviceMask::with_extra(dev, params, shape, &orders.words)?;
+        // The call's launch data, one copy (`crate::scratch`): the mask's (slopes, words, tile
+        // orders), then the TMA maps and (persistent blocks) one zeroed tile counter per
+        // launch. The mask's device addresses exist only after the copy: the launches'
+        // parameters take them below.
+        let mut data = LaunchBytes::default();
+        let staged_mask = StagedMask::stage(params, shape, &orders.words, &mut data)?;
         let q_packed = packed_input(dev, q, padded_d)?;
         let k_packed = packed_input(dev, k, padded_d)?;
         let v_packed = packed_input(dev, v, padded_d)?;
@@ -254,7 +260,7 @@ impl ForwardCall {
             o: operand(dev, o, &o_packed),
             lse: lse_ref(dev, lse),
             dims: shape.seq_dims(padded_d),
-            mask: mask.args,
+            mask: params.mask_args(d, shape.heads_q, 0, 0)?, // addresses after the copy
             scale_log2: self.scale_log2,
             reserved: 0,
             dropout: Default::default(),
@@ -270,7 +276,6 @@ impl ForwardCall {
                     o: run.tensor(base.o, true),
                     lse: run.stats(base.lse),
                     dims: run.dims(shape, padded_d),
-                    mask: run.mask(base.mask),
                     dropout: run.dropout(self.dropout),
                     ..base
                 };
@@ -288,32 +293,40 @@ impl ForwardCall {
             }
         }
         let tile = kernel.tile;
-        // The launch data: the maps, then (persistent blocks) one zeroed tile counter per
-        // launch; the scratch stays locked until the launches are queued.
-        let scratch = match maps {
-            Some(TensorMaps { bytes }) => {
+        let (maps_at, counters_at) = match &maps {
+            Some(maps) => {
+                let maps_at = data.push(&maps.bytes, TENSOR_MAP_ALIGN);
                 let counters = if tile.persistent { launches.len() } else { 0 };
-                Some(dev.launch_scratch().upload(dev, &bytes, counters)?)
+                (
+                    Some(maps_at),
+                    data.push_words(std::iter::repeat_n(0, counters)),
+                )
             }
-            None => None,
+            None => (None, 0),
         };
-        let counters_at = launches.len() * LAUNCH_BYTES;
+        // Locked until the launches are queued.
+        let scratch = dev.launch_scratch().upload(dev, &data)?;
+        let (mask_args, tile_orders_at) = staged_mask.args(params, shape, &scratch)?;
         for (i, (run, p)) in launches.into_iter().enumerate() {
+            let p = FwdParams {
+                mask: run.mask(mask_args),
+                ..p
+            };
             let tiles_x = run.len_q.div_ceil(tile.block_m) as u32;
             let mut grid = (tiles_x, shape.heads_q as u32, run.count as u32);
             let tiles = grid.0 as usize * shape.heads_q * run.count;
             let tiles = u32::try_from(tiles)
                 .map_err(|_| FlashError::TooLarge(format!("{tiles} query tiles in one launch")))?;
-            let tile_counter = match &scratch {
-                Some(s) if tile.persistent => {
+            let tile_counter = match maps_at {
+                Some(_) if tile.persistent => {
                     grid = (dev.persistent_blocks(tiles as usize) as u32, 1, 1);
-                    s.address(counters_at + 4 * i)
+                    scratch.address(counters_at + 4 * i)
                 }
                 _ => 0,
             };
             // Persistent block-sparse launches take their tiles longest first (`tile_order`).
             let tile_order = match orders.starts.get(i) {
-                Some(&start) if tile_counter != 0 => mask.extra_at + 4 * start as u64,
+                Some(&start) if tile_counter != 0 => tile_orders_at + 4 * start as u64,
                 _ => 0,
             };
             let (name, threads, smem) = (kernel.name, tile.threads() as u32, tile.smem_bytes());
@@ -322,11 +335,11 @@ impl ForwardCall {
             // tensor maps describe the same tensors; grid, block and shared memory are the
             // tile's.
             unsafe {
-                match &scratch {
-                    Some(s) => {
+                match maps_at {
+                    Some(maps_at) => {
                         let p = WgmmaFwdParams {
                             fwd: p,
-                            tensor_maps: s.address(i * LAUNCH_BYTES),
+                            tensor_maps: scratch.address(maps_at + i * LAUNCH_BYTES),
                             tile_counter,
                             tile_order,
                             schedule: dev.wgmma_schedule(),

@@ -10,9 +10,11 @@ use cudarc::driver::sys::{
 use flash_attn_kernels::gmma::BLOCK_COLS;
 use flash_attn_kernels::params::{FwdParams, TensorRef, TENSOR_MAP_BYTES};
 
-/// Bytes of one launch's three maps (Q, K, V), a multiple of the 64 bytes TMA aligns
-/// descriptors to.
+/// Bytes of one launch's three maps (Q, K, V), a multiple of [`TENSOR_MAP_ALIGN`].
 pub(crate) const LAUNCH_BYTES: usize = 3 * TENSOR_MAP_BYTES;
+
+/// The alignment of a map in global memory (TMA's: 64 bytes).
+pub(crate) const TENSOR_MAP_ALIGN: usize = 64;
 
 /// The maps of every launch of a call, encoded: launch `i`'s Q, K and V at `i·LAUNCH_BYTES`.
 pub(crate) struct TensorMaps {
