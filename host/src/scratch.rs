@@ -101,3 +101,22 @@ impl LaunchScratch {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::LaunchBytes;
+
+    #[test]
+    fn pieces_land_at_aligned_offsets_in_order() {
+        let mut data = LaunchBytes::default();
+        assert_eq!(data.push_words([1, 0x0302_0100]), 0);
+        assert_eq!(data.push(&[9; 3], 1), 8);
+        // Aligned up past the 11 bytes so far, the gap zeroed.
+        assert_eq!(data.push(&[7; 64], 64), 64);
+        assert_eq!(data.push_words(std::iter::repeat_n(0, 2)), 128);
+        assert_eq!(data.bytes.len(), 136);
+        assert_eq!(&data.bytes[..8], &[1, 0, 0, 0, 0, 1, 2, 3]); // little-endian words
+        assert!(data.bytes[11..64].iter().all(|&b| b == 0));
+        assert!(data.bytes[64..128].iter().all(|&b| b == 7));
+    }
+}
