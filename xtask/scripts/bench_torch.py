@@ -36,6 +36,11 @@ rows on `wgmma` also carry the `mma.sync` path's time on the same shape (`mma_ms
 over ours) and `gemm_fraction`, our TFLOP/s over a bf16 8192^3 torch.matmul timed in the same
 run (`torch_gemm_tflops`).
 
+Forward rows carry our `host_us` (the host's time inside one of our calls, measured by
+`flash-attn-bench`) and get `torch_{flash,cudnn,efficient}_host_us`, the same for PyTorch's
+call (Python, dispatch and launch; each call on an idle stream, its GPU work not waited for):
+the event-timed `*_ms` of both sides include that time where the GPU waits for the launch.
+
 Paired rounds (`--pair BENCH --rounds R`, forward and backward rows): ours and PyTorch's
 flash and cuDNN backends are timed again R times per row, alternating (BENCH, the
 `flash-attn-bench` binary, restricted to the row's shape, then PyTorch), so both sides of a
@@ -54,6 +59,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch
 import torch.nn.functional as F
@@ -79,6 +85,19 @@ def time_ms(fn, reps):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def host_us(fn, reps):
+    """Median µs the host spends inside one call of `fn` (each call on an idle stream, the GPU
+    work it queues not waited for), as our rows' `host_us`."""
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
     return statistics.median(times)
 
 
@@ -311,6 +330,9 @@ def main():
             try:
                 with sdpa_kernel([backend]):
                     ms = time_op(op, q, k, v, grad, row["causal"], reps)
+                    if op == "fwd":
+                        sdpa = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=row["causal"])
+                        row[f"torch_{name}_host_us"] = host_us(sdpa, reps)
                 row[f"torch_{name}_ms"] = ms
                 row[f"torch_{name}_tflops"] = tflops(row, ms)
             except Exception as e:  # a backend may not support a shape/dtype on this device

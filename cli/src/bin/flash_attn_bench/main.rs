@@ -29,6 +29,9 @@
 //! dims outside the sweep, such as 96 or 256, with `2048 / d` heads rounded down). With
 //! `FLASH_ATTN_FWD=wgmma` on Hopper, every forward row times the `wgmma` path beside `mma_ms`. Exit status: 0 on success, 1 on an error, 2 when there is no GPU.
 //!
+//! Forward rows also carry `host_us`, the host's time inside one call (checks, launch data,
+//! launches; measured apart from the timed calls, on an idle stream).
+//!
 //! FLOPs as FlashAttention's benchmarks count them: forward 4·B·H·N²·d, backward 2.5× that,
 //! forward + backward 3.5× that, each halved for causal.
 
@@ -104,6 +107,8 @@ struct Row {
     path: &'static str,
     /// On Hopper, `fwd` and `bwd` rows on `wgmma` also time the `mma.sync` path (`mma_ms`).
     mma_ms: Option<f32>,
+    /// `fwd` rows: the host's time inside one call ([`host_time_us`]).
+    host_us: Option<f64>,
 }
 
 impl Row {
@@ -238,10 +243,15 @@ fn bench_dtype<T: Element>(
                         dev.set_forward_path(chosen);
                         mma_ms = Some(median(&times?));
                     }
+                    let mut host_us = None;
                     let times = match (op, grads.as_mut()) {
-                        (Op::Fwd, _) => time_ms(dev, 3, reps, || {
-                            flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)
-                        })?,
+                        (Op::Fwd, _) => {
+                            let mut call =
+                                || flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse);
+                            let times = time_ms(dev, 3, reps, &mut call)?;
+                            host_us = Some(host_time_us(dev, reps, &mut call)?);
+                            times
+                        }
                         (Op::Bwd, Some([d_o, dq, dk, dv])) => {
                             // O and LSE of this masking, once, outside the timing.
                             flash_attn_into(dev, &q, &k, &v, &params, &mut o, &mut lse)?;
@@ -271,6 +281,7 @@ fn bench_dtype<T: Element>(
                         ms: median(&times),
                         path,
                         mma_ms,
+                        host_us,
                     };
                     eprintln!(
                         "{:<7} {:<5} {:<5} d={:<4} b={:<3} h={:<3} n={:<6} causal={:<5} {:>9.3} ms {:>7.1} TFLOP/s {} (mma.sync {})",
@@ -438,7 +449,7 @@ fn main() {
             serde_json::json!({
                 "op": r.op.name(), "mode": mode_name(r.mode), "dtype": r.dtype, "d": r.d, "b": r.b, "h": r.h, "n": r.n,
                 "causal": r.causal, "ours_ms": r.ms, "ours_tflops": r.tflops(),
-                "path": r.path, "mma_ms": r.mma_ms,
+                "path": r.path, "mma_ms": r.mma_ms, "host_us": r.host_us,
                 "device": device, "date": date, "ptx_arch": dev.ptx_arch(),
             })
         })
