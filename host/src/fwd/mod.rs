@@ -28,7 +28,7 @@ use dispatch::{fwd_kernel, wgmma_pays, FwdKernel, Keys};
 pub use dropout_mask::flash_attn_dropout_mask;
 use layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use tile_order::LaunchOrders;
-use tma::{TensorMaps, LAUNCH_BYTES, TENSOR_MAP_ALIGN};
+use tma::{encode_maps, LAUNCH_BYTES, TENSOR_MAP_ALIGN};
 use validate::{
     check_dtype, check_output_shapes, check_placement, dims, input_shape, lse_ref, varlen_shape,
 };
@@ -287,7 +287,7 @@ impl ForwardCall {
             let params: Vec<FwdParams> = launches.iter().map(|(_, p)| *p).collect();
             let tile = kernel.tile;
             let q_rows = q_box_rows(tile.block_m, tile.persistent);
-            maps = TensorMaps::encode(&params, q_rows, tile.block_n);
+            maps = encode_maps(&params, q_rows, tile.block_n);
             if maps.is_none() {
                 kernel = self.fallback; // a layout the TMA descriptors cannot describe
             }
@@ -295,7 +295,7 @@ impl ForwardCall {
         let tile = kernel.tile;
         let (maps_at, counters_at) = match &maps {
             Some(maps) => {
-                let maps_at = data.push(&maps.bytes, TENSOR_MAP_ALIGN);
+                let maps_at = data.push(maps, TENSOR_MAP_ALIGN);
                 let counters = if tile.persistent { launches.len() } else { 0 };
                 (
                     Some(maps_at),

@@ -16,28 +16,26 @@ pub(crate) const LAUNCH_BYTES: usize = 3 * TENSOR_MAP_BYTES;
 /// The alignment of a map in global memory (TMA's: 64 bytes).
 pub(crate) const TENSOR_MAP_ALIGN: usize = 64;
 
-/// The maps of every launch of a call, encoded: launch `i`'s Q, K and V at `i·LAUNCH_BYTES`.
-pub(crate) struct TensorMaps {
-    pub(crate) bytes: Vec<u8>,
-}
-
-impl TensorMaps {
-    /// Encodes the Q, K and V maps of each launch's parameters (Q boxes of `q_rows` rows,
-    /// [`flash_attn_kernels::params::q_box_rows`] of the kernel; K and V of `block_n`).
-    /// `None` when the driver refuses a layout (then the call takes the `mma.sync` kernel).
-    pub(crate) fn encode(launches: &[FwdParams], q_rows: usize, block_n: usize) -> Option<Self> {
-        let mut bytes = Vec::with_capacity(launches.len() * LAUNCH_BYTES);
-        for p in launches {
-            let d = p.dims;
-            let q = encode(&p.q, d.head_dim, d.seqlen_q, d.heads_q, d.batch, q_rows)?;
-            let k = encode(&p.k, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n)?;
-            let v = encode(&p.v, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n)?;
-            for map in [q, k, v] {
-                bytes.extend(map.opaque.iter().flat_map(|w| w.to_le_bytes()));
-            }
+/// Encodes the Q, K and V maps of each launch's parameters (Q boxes of `q_rows` rows,
+/// [`flash_attn_kernels::params::q_box_rows`] of the kernel; K and V of `block_n`), launch
+/// `i`'s at byte `i·LAUNCH_BYTES`. `None` when the driver refuses a layout (then the call
+/// takes the `mma.sync` kernel).
+pub(crate) fn encode_maps(
+    launches: &[FwdParams],
+    q_rows: usize,
+    block_n: usize,
+) -> Option<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(launches.len() * LAUNCH_BYTES);
+    for p in launches {
+        let d = p.dims;
+        let q = encode(&p.q, d.head_dim, d.seqlen_q, d.heads_q, d.batch, q_rows)?;
+        let k = encode(&p.k, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n)?;
+        let v = encode(&p.v, d.head_dim, d.seqlen_k, d.heads_kv, d.batch, block_n)?;
+        for map in [q, k, v] {
+            bytes.extend(map.opaque.iter().flat_map(|w| w.to_le_bytes()));
         }
-        Some(Self { bytes })
     }
+    Some(bytes)
 }
 
 /// The shape of a map over a `[batch, seq, heads, head_dim]` 16-bit tensor: dims `(head_dim,
