@@ -3,6 +3,7 @@
 //! conversion of dQ to the input type. [`BwdMode`] picks how the main kernel's blocks share
 //! the dQ accumulators.
 
+use crate::bwd_order::KeyTileOrders;
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{FlashError, Result};
@@ -286,7 +287,9 @@ fn run_backward<T: Element>(
     let dk_packed = packed_output(dev, dk, padded_d)?;
     let dv_packed = packed_output(dev, dv, padded_d)?;
     let hq = shape.heads_q;
-    let mask = DeviceMask::new(dev, params, shape)?;
+    let fast = mode == BwdMode::Fast;
+    let orders = KeyTileOrders::of(dev, params, shape, (fast, tile.block_n, padded_d), runs)?;
+    let mask = DeviceMask::with_extra(dev, params, shape, &orders.words)?;
     // D has LSE's layout: [B, Hq, Nq], or [Hq, total_q] for a varlen batch.
     let delta = DeviceTensor::<f32>::uninit(dev, lse.shape())?;
     let base = BwdParams {
@@ -307,13 +310,13 @@ fn run_backward<T: Element>(
         mask: mask.args,
         dq_order: 0,
         order_heads: 0,
-        reserved: 0,
+        key_tile_order: 0,
         dropout: Default::default(),
     };
     let threads = BWD_AUX_THREADS as u32;
     // Accumulators of earlier runs, freed in stream order after the launches that use them.
     let mut accums = Vec::with_capacity(runs.len());
-    for run in runs {
+    for (i, run) in runs.iter().enumerate() {
         let (len_q, len_k) = (run.len_q, run.len_k);
         let key_tiles = len_k.div_ceil(tile.block_n);
         // Whole query tiles and the compiled head dim: the main kernel's adds are unchecked.
@@ -344,6 +347,7 @@ fn run_backward<T: Element>(
             }
             None => 0,
         };
+        let run_mask = run.mask(base.mask);
         let p = BwdParams {
             q: run.tensor(base.q, true),
             k: run.tensor(base.k, false),
@@ -367,10 +371,11 @@ fn run_backward<T: Element>(
             lse: run.stats(base.lse),
             delta: run.stats(base.delta),
             dims: run.dims(shape, padded_d),
-            mask: run.mask(base.mask),
+            mask: run_mask,
             dq_order: turns.as_ref().map_or(0, |t| t.device_address(dev)),
             order_heads,
             dropout: run.dropout(dropout),
+            key_tile_order: orders.words_after_bits(i, run_mask.mask_bits, mask.extra_at),
             ..base
         };
         let aux_grid = bwd_aux_grid(run.count * len_q, hq, padded_d);

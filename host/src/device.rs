@@ -100,7 +100,7 @@ impl Device {
     /// `FLASH_ATTN_WGMMA_PINGPONG=0` the `wgmma` kernels' schedule without turns, and
     /// `FLASH_ATTN_WGMMA_PERSISTENT=0` one block per query tile on the persistent ones, and
     /// `FLASH_ATTN_TILE_ORDER=0` their block-sparse launches' tiles in grid order rather than
-    /// each head's longest first, and
+    /// each head's longest first (and the fast-mode block-sparse backward's key tiles), and
     /// `FLASH_ATTN_WGMMA_WIDE=1` the plain kind's kernel of 176-key tiles on every call it covers
     /// (see [`Device::wgmma_wide_tiles`]), for testing. Raises the release threshold of the
     /// device's default memory pool (where cudarc's allocations come from) from 0 to unlimited,
@@ -237,9 +237,10 @@ impl Device {
     }
 
     /// Whether the persistent block-sparse forward launches take their query tiles in the
-    /// order of the key blocks each visits, most first (`crate::fwd`'s `tile_order`), rather
-    /// than in grid order: `FLASH_ATTN_TILE_ORDER=0` turns it off (a diagnostic switch; both
-    /// are exact).
+    /// order of the key blocks each visits, most first (`crate::fwd`'s `tile_order`), and the
+    /// fast-mode block-sparse backward launches their key tiles in the order of the query
+    /// blocks each visits, most first (`crate::bwd_order`), rather than in grid order:
+    /// `FLASH_ATTN_TILE_ORDER=0` turns both off (a diagnostic switch; both orders are exact).
     pub(crate) fn sparse_tile_order(&self) -> bool {
         self.sparse_tile_order
     }

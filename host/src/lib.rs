@@ -6,6 +6,7 @@
 //! at run time. Where no GPU is present, [`cpu`] runs the same algorithm on the CPU.
 
 mod bwd;
+mod bwd_order;
 pub mod cpu;
 mod decode;
 pub mod device;

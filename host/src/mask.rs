@@ -16,7 +16,7 @@ use crate::shape::AttnShape;
 
 /// Where a call's mask data sits in its launch data ([`LaunchBytes`]): the ALiBi slopes and
 /// the bit mask's words (the block mask's or the tree's), with `extra` words right after
-/// them (the forward's tile orders). The device addresses, and so the kernels' arguments,
+/// them (the forward's tile orders, the backward's key tile orders). The device addresses, and so the kernels' arguments,
 /// come once the launch data is uploaded ([`StagedMask::args`]).
 pub(crate) struct StagedMask {
     slopes: Option<usize>,
@@ -78,6 +78,8 @@ impl StagedMask {
 pub(crate) struct DeviceMask<'a> {
     /// The arguments to launch with.
     pub args: MaskArgs,
+    /// Device address of the extra words ([`DeviceMask::with_extra`]; 0 when none).
+    pub extra_at: u64,
     _upload: ScratchUpload<'a>,
 }
 
@@ -85,12 +87,24 @@ impl<'a> DeviceMask<'a> {
     /// Checks `params`' masks for a call of `shape` (see [`StagedMask::stage`]) and uploads
     /// their data.
     pub(crate) fn new(dev: &'a Device, params: &AttnParams, shape: &AttnShape) -> Result<Self> {
+        Self::with_extra(dev, params, shape, &[])
+    }
+
+    /// [`DeviceMask::new`] with `extra` words after the bit mask's, when the call has one (the
+    /// backward's key tile orders), at [`DeviceMask::extra_at`].
+    pub(crate) fn with_extra(
+        dev: &'a Device,
+        params: &AttnParams,
+        shape: &AttnShape,
+        extra: &[u32],
+    ) -> Result<Self> {
         let mut data = LaunchBytes::default();
-        let staged = StagedMask::stage(params, shape, &[], &mut data)?;
+        let staged = StagedMask::stage(params, shape, extra, &mut data)?;
         let upload = dev.launch_scratch().upload(dev, &data)?;
-        let (args, _) = staged.args(params, shape, &upload)?;
+        let (args, extra_at) = staged.args(params, shape, &upload)?;
         Ok(Self {
             args,
+            extra_at,
             _upload: upload,
         })
     }

@@ -27,13 +27,15 @@ pub struct BlockMask {
     /// The block rows of every (entry, head), then from `cols_at` their block columns.
     words: Vec<u32>,
     cols_at: usize,
-    /// The tile orders of the persistent forward launches over this mask so far.
+    /// The tile orders of the persistent forward launches and the backward launches over this
+    /// mask so far.
     orders: OrderCache,
 }
 
 /// What identifies a launch's tile order over a mask (`crate::fwd`'s `tile_order`): its
 /// sequences, heads, lengths, first sequence, query tiles per head, rows per tile, and causal
-/// and longest-first flags.
+/// and longest-first flags; for a backward key tile order (`crate::bwd_order`, flag bit 2)
+/// the KV heads and keys per tile in place of the tiles and rows.
 pub(crate) type OrderKey = [u32; 8];
 
 /// Launches' tile orders over one mask, each computed once (a mask is immutable, and a model
@@ -171,6 +173,31 @@ impl BlockMask {
                 } else {
                     (1 << below) - 1
                 };
+                (union & kept).count_ones() as usize
+            })
+            .sum()
+    }
+
+    /// The visible query blocks in `rows` of the union of block columns `cols` of entry `b`,
+    /// head `h` (indices of shared dimensions taken modulo 1).
+    pub(crate) fn visible_query_blocks(
+        &self,
+        b: usize,
+        h: usize,
+        cols: std::ops::RangeInclusive<usize>,
+        rows: std::ops::Range<usize>,
+    ) -> usize {
+        let (b, h) = (b % self.dims[0], h % self.dims[1]);
+        let first_col = self.cols_at + (b * self.dims[1] + h) * self.dims[3] * self.col_words;
+        (rows.start / 32..rows.end.div_ceil(32))
+            .map(|w| {
+                let union = cols.clone().fold(0u32, |u, j| {
+                    u | self.words[first_col + j * self.col_words + w]
+                });
+                // Keep rows 32·w + [lo, hi).
+                let lo = rows.start.saturating_sub(32 * w).min(32);
+                let hi = (rows.end - 32 * w).min(32);
+                let kept = ((u64::from(u32::MAX) << lo) & ((1u64 << hi) - 1)) as u32;
                 (union & kept).count_ones() as usize
             })
             .sum()

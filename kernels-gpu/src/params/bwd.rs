@@ -54,8 +54,12 @@ pub struct BwdParams {
     /// start this many blocks apart, so each finds the tile before it in turn already under
     /// way. Unused in fast mode and by the `mma.sync` kernels.
     pub order_heads: u32,
-    /// Unused; keeps the layout.
-    pub reserved: u32,
+    /// Fast mode, block-sparse kernels: where the key tile each block takes is, in u32 words
+    /// after `mask.mask_bits` (the host copies the order after the mask's words), `[batch,
+    /// heads_kv, ⌈seqlen_k / block_n⌉]`: a permutation of each (batch, KV head)'s key tiles,
+    /// those that visit the most query blocks first, so that a launch's last blocks are its
+    /// shortest; 0 for grid order. Unused in deterministic mode and by other masks.
+    pub key_tile_order: u32,
     /// Dropout arguments (read by the dropout kernels only).
     pub dropout: DropoutArgs,
 }

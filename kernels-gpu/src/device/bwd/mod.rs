@@ -117,6 +117,10 @@ pub unsafe fn flash_bwd<
         assert!(Q_TILES % DP_TILES == 0 && DP_TILES % 2 == 0);
     };
     let (_, kv_head, batch) = ptx::ctaid();
+    let mut n = order::block_key_tile::<BN>(p);
+    if M::WALK_READS_MEMORY {
+        n = order::sparse_key_tile(p, (n, kv_head, batch));
+    }
     key_tile::<
         E,
         M,
@@ -135,7 +139,7 @@ pub unsafe fn flash_bwd<
         DP_TILES,
         STAGED_DQ,
         DROPOUT,
-    >(p, order::block_key_tile::<BN>(p), kv_head, batch);
+    >(p, n, kv_head, batch);
 }
 
 /// One key tile `n` of the block: the loop of the module docs.

@@ -26,6 +26,11 @@
 //! The pair then no longer comes from a special register, and the two live registers more made
 //! ptxas spill in some kernels: the `wgmma` kernel keeps it in shared memory and reads it where
 //! used. The `mma.sync` kernels keep FlashAttention 2's order.
+//!
+//! Fast mode has no turns; its blocks take the key tiles in grid order, but with a block mask
+//! ([`sparse_key_tile`]) in the host's order of each (batch, KV head)'s key tiles, those that
+//! visit the most query blocks first: the GPU dispatches the blocks in index order, so the
+//! launch's last blocks are its shortest and the SMs finish close together.
 
 use crate::block::interleaved_key_block;
 use crate::device::ptx;
@@ -68,6 +73,28 @@ pub(super) unsafe fn block_coords(p: &BwdParams) -> (u32, u32, u32) {
     }
     let grid = ptx::nctaid();
     interleaved_key_block(x + grid.0 * (y + grid.1 * z), grid, p.order_heads)
+}
+
+/// The key tile of the block-sparse kernels' block `(x, kv_head, batch)` of the grid `(key
+/// tiles, heads_kv, batch)` whose grid-order key tile is `x` ([`block_key_tile`],
+/// [`block_coords`]): in fast mode with an order from the host, entry `x` of its (batch, KV
+/// head)'s row of the order `key_tile_order` words after the mask's bits (the key tiles that
+/// visit the most query blocks first, so that the launch's last blocks are short ones and the
+/// SMs finish together); else `x`. Called only where `M::WALK_READS_MEMORY`, so that the
+/// other kernels' code stays as it was.
+///
+/// # Safety
+/// The grid above; a nonzero `key_tile_order` places `batch · heads_kv · key tiles` entries
+/// there.
+#[inline(always)]
+pub(super) unsafe fn sparse_key_tile(p: &BwdParams, (x, kv_head, batch): (u32, u32, u32)) -> u32 {
+    if ordered(p) || p.key_tile_order == 0 {
+        return x;
+    }
+    let grid = ptx::nctaid();
+    let at = (batch as usize * grid.1 as usize + kv_head as usize) * grid.0 as usize + x as usize;
+    let order = (p.mask.mask_bits as *const u32).add(p.key_tile_order as usize);
+    *order.add(at)
 }
 
 /// The turn counter of query tile `i` (of `BM` rows) of `head` in `batch`.

@@ -109,7 +109,10 @@ pub unsafe fn flash_bwd_wgmma<
     if smem.base % 1024 != 0 {
         core::arch::nvptx::trap(); // the 128-byte swizzle's atoms are 1024-byte aligned
     }
-    let (n, kv_head, batch) = order::block_coords(p);
+    let (mut n, kv_head, batch) = order::block_coords(p);
+    if M::WALK_READS_MEMORY {
+        n = order::sparse_key_tile(p, (n, kv_head, batch));
+    }
     let record = smem.record();
     if ptx::tid_x() == 0 {
         record.write(kv_head, batch, n);
