@@ -338,6 +338,20 @@ impl BlockMask {
     }
 }
 
+/// Test helper of the tile orders (`crate::fwd`'s `tile_order`, `crate::bwd_order`): `visits`
+/// of an order's `tiles` fall, ties keeping tile order; whether any two differ.
+#[cfg(test)]
+pub(crate) fn assert_longest_first(visits: &[usize], tiles: &[u32]) -> bool {
+    assert!(
+        visits.windows(2).all(|w| w[0] >= w[1]),
+        "longest first: {visits:?}"
+    );
+    for (w, t) in visits.windows(2).zip(tiles.windows(2)) {
+        assert!(w[0] != w[1] || t[0] < t[1], "ties in tile order");
+    }
+    visits[0] > visits[visits.len() - 1]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
