@@ -138,11 +138,9 @@ fn order(mask: &BlockMask, dims: &SeqDims, first: usize, causal: bool, block_n: 
                 } else {
                     0
                 };
-                let rows = (row0 / BLOCK).min(query_blocks)..query_blocks;
-                let rows = if row0 < nq {
-                    rows
-                } else {
-                    query_blocks..query_blocks
+                let rows = match row0 < nq {
+                    true => row0 / BLOCK..query_blocks,
+                    false => query_blocks..query_blocks, // no row sees the tile
                 };
                 let cols = key0 / BLOCK..=last_key / BLOCK;
                 (kv_head * group..(kv_head + 1) * group)

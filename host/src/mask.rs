@@ -16,8 +16,9 @@ use crate::shape::AttnShape;
 
 /// Where a call's mask data sits in its launch data ([`LaunchBytes`]): the ALiBi slopes and
 /// the bit mask's words (the block mask's or the tree's), with `extra` words right after
-/// them (the forward's tile orders, the backward's key tile orders). The device addresses, and so the kernels' arguments,
-/// come once the launch data is uploaded ([`StagedMask::args`]).
+/// them (the forward's tile orders, the backward's key tile orders). The device addresses,
+/// and so the kernels' arguments, come once the launch data is uploaded
+/// ([`StagedMask::args`]).
 pub(crate) struct StagedMask {
     slopes: Option<usize>,
     words: Option<usize>,

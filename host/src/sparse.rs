@@ -2,6 +2,7 @@
 //! [`SPARSE_BLOCK`] keys, per batch entry and head or shared, and the helpers that build the
 //! common layouts (local + global tokens, strided, butterfly).
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use flash_attn_kernels::mask::SPARSE_BLOCK;
@@ -162,20 +163,8 @@ impl BlockMask {
     ) -> usize {
         let (b, h) = (b % self.dims[0], h % self.dims[1]);
         let first_row = (b * self.dims[1] + h) * self.dims[2];
-        (0..key_blocks.div_ceil(32))
-            .map(|w| {
-                let union = rows.clone().fold(0u32, |u, i| {
-                    u | self.words[(first_row + i) * self.row_words + w]
-                });
-                let below = key_blocks - 32 * w; // keep blocks 32·w + [0, below)
-                let kept = if below >= 32 {
-                    u32::MAX
-                } else {
-                    (1 << below) - 1
-                };
-                (union & kept).count_ones() as usize
-            })
-            .sum()
+        let lines = rows.map(|i| (first_row + i) * self.row_words);
+        self.union_ones(lines, 0..key_blocks)
     }
 
     /// The visible query blocks in `rows` of the union of block columns `cols` of entry `b`,
@@ -189,14 +178,19 @@ impl BlockMask {
     ) -> usize {
         let (b, h) = (b % self.dims[0], h % self.dims[1]);
         let first_col = self.cols_at + (b * self.dims[1] + h) * self.dims[3] * self.col_words;
-        (rows.start / 32..rows.end.div_ceil(32))
+        let lines = cols.map(|j| first_col + j * self.col_words);
+        self.union_ones(lines, rows)
+    }
+
+    /// The set bits with indices in `bits` of the union of the bit lines (rows or columns)
+    /// whose words start at `lines`.
+    fn union_ones(&self, lines: impl Iterator<Item = usize> + Clone, bits: Range<usize>) -> usize {
+        (bits.start / 32..bits.end.div_ceil(32))
             .map(|w| {
-                let union = cols.clone().fold(0u32, |u, j| {
-                    u | self.words[first_col + j * self.col_words + w]
-                });
-                // Keep rows 32·w + [lo, hi).
-                let lo = rows.start.saturating_sub(32 * w).min(32);
-                let hi = (rows.end - 32 * w).min(32);
+                let union = lines.clone().fold(0u32, |u, at| u | self.words[at + w]);
+                // Keep bits 32·w + [lo, hi).
+                let lo = bits.start.saturating_sub(32 * w).min(32);
+                let hi = (bits.end - 32 * w).min(32);
                 let kept = ((u64::from(u32::MAX) << lo) & ((1u64 << hi) - 1)) as u32;
                 (union & kept).count_ones() as usize
             })
