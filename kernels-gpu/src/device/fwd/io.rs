@@ -208,10 +208,8 @@ impl<
 /// Finishes the softmax and writes O (normalised and multiplied by `o_scale`, dropout's
 /// `1/(1 − p)` or 1; 16-bit, 4 bytes per store) and LSE for the warp's rows starting at
 /// sequence row `first_row`; rows past the sequence are skipped. Rows the mask lets see no
-/// key get O = 0, LSE = −∞ (see [`OnlineSoftmax::finish`]). `lane`: the thread's lane as the
-/// caller holds it (a persistent kernel passes an opaque copy, so the addresses derived from
-/// it are not hoisted out of its tile loop), or `None` to read it here (kept out of
-/// registers until here).
+/// key get O = 0, LSE = −∞ (see [`OnlineSoftmax::finish`]). The lane is read here (kept out
+/// of registers until here).
 ///
 /// # Safety
 /// The whole warp calls it; `p` describes live tensors.
@@ -225,9 +223,8 @@ pub unsafe fn store_output<E: Elem, M: AttnMask, const MT: usize, const D_TILES:
     o: &AccTile<MT, D_TILES>,
     softmax: &OnlineSoftmax<MT>,
     o_scale: f32,
-    lane: Option<u32>,
 ) {
-    let pos = FragPos::of(lane.unwrap_or_else(|| ThreadPos::current().lane));
+    let pos = FragPos::of(ThreadPos::current().lane);
     let (rows, inv_l) = store_lse(p, block, mask, first_row, softmax, o_scale, pos);
     inv_l.for_each(|mt, r, inv| {
         let row = rows.0[mt][r];
@@ -243,6 +240,121 @@ pub unsafe fn store_output<E: Elem, M: AttnMask, const MT: usize, const D_TILES:
             }
         }
     });
+}
+
+/// [`store_output`] for one m-tile with 16-byte stores and no shared memory: the four lanes
+/// of a quad swap their packed pairs (two butterfly rounds of two shuffles per four 8-column
+/// tiles, [`quad_transpose`]) so that each lane holds one tile's 8 columns of a row, then each
+/// lane stores them at once (`st.global.v4`): a warp's store covers 64 contiguous bytes of
+/// each of 8 rows, where [`store_output`] writes 16 (a quarter of the store instructions, and
+/// whole 32-byte sectors). The same bytes as [`store_output`]; a chunk the head dim cuts is
+/// stored 4 bytes at a time up to it (O's row starts are 16-byte aligned:
+/// [`crate::params::TensorRef`]). `lane`: the caller's copy (a persistent kernel passes an
+/// opaque one, so the addresses derived from it are not hoisted out of its tile loop). No
+/// sync point (the shuffles are the warp's own).
+///
+/// # Safety
+/// The whole warp calls it; `p` describes live tensors.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn store_output_by_quads<E: Elem, M: AttnMask, const D_TILES: usize>(
+    p: &FwdParams,
+    block: &BlockInfo,
+    mask: &M,
+    first_row: u32,
+    o: &AccTile<1, D_TILES>,
+    softmax: &OnlineSoftmax<1>,
+    o_scale: f32,
+    lane: u32,
+) {
+    const { assert!(D_TILES % 4 == 0) };
+    let pos = FragPos::of(lane);
+    let (rows, inv_l) = store_lse(p, block, mask, first_row, softmax, o_scale, pos);
+    let (quad_lane, head_dim) = (lane % 4, p.dims.head_dim);
+    for r in 0..2 {
+        let (row, inv) = (rows.0[0][r], inv_l.0[0][r]);
+        for k in 0..D_TILES / 4 {
+            let words = quad_transpose(
+                core::array::from_fn(|j| {
+                    let [x0, x1] = o.pair(0, r, 4 * k + j);
+                    E::pack(x0 * inv, x1 * inv)
+                }),
+                quad_lane,
+            );
+            store_chunk(
+                p,
+                block,
+                row,
+                (4 * k as u32 + quad_lane) * 8,
+                head_dim,
+                words,
+            );
+        }
+    }
+}
+
+/// Stores the 16-byte chunk `words` of O's sequence row `row` from column `col` (a multiple of
+/// 8): at once, or 4 bytes at a time up to `head_dim` where the head dim cuts it; nothing
+/// for a row past the sequence or a chunk past the head dim.
+#[inline(always)]
+unsafe fn store_chunk(
+    p: &FwdParams,
+    block: &BlockInfo,
+    row: u32,
+    col: u32,
+    head_dim: u32,
+    words: [u32; 4],
+) {
+    if row >= block.seqlen_q || col >= head_dim {
+        return;
+    }
+    let dst = (p.o.ptr as *mut u16).add((block.query_offset(&p.o, row) + col as u64) as usize);
+    if col + 8 <= head_dim {
+        ptx::st_global_v4(dst as u64, words);
+    } else {
+        for (w, &word) in words.iter().enumerate() {
+            if col + 2 * (w as u32) < head_dim {
+                *(dst.add(2 * w) as *mut u32) = word;
+            }
+        }
+    }
+}
+
+/// The 4 × 4 transpose of a quad's words: lane `t` (`quad_lane`) passes its words `v[j]` (the
+/// pair it holds of 8-column tile `j`) and gets `[v₀[t], v₁[t], v₂[t], v₃[t]]`, tile `t`'s
+/// pairs from lanes 0 to 3 in column order. Round one exchanges half the tiles with lane
+/// `t ^ 2`, round two a tile with lane `t ^ 1`; every lane of the warp takes part.
+#[inline(always)]
+unsafe fn quad_transpose(v: [u32; 4], quad_lane: u32) -> [u32; 4] {
+    let (hi, lo) = (quad_lane & 2 != 0, quad_lane & 1 != 0);
+    let pick = |c: bool, a: u32, b: u32| if c { a } else { b };
+    let swap = |x: u32, m| match m {
+        1 => ptx::shfl_sync_bfly::<1>(f32::from_bits(x)).to_bits(),
+        _ => ptx::shfl_sync_bfly::<2>(f32::from_bits(x)).to_bits(),
+    };
+    // Round one: keep tiles 2h, 2h + 1 (h = hi), from this lane and from lane t ^ 2.
+    let (own_a, own_b) = (pick(hi, v[2], v[0]), pick(hi, v[3], v[1]));
+    let (oth_a, oth_b) = (swap(pick(hi, v[0], v[2]), 2), swap(pick(hi, v[1], v[3]), 2));
+    // Round two: keep tile 2h + lo, from lanes t and t ^ 2, and take it from t ^ 1 and t ^ 3.
+    let (keep_own, keep_oth) = (pick(lo, own_b, own_a), pick(lo, oth_b, oth_a));
+    let from_1 = swap(pick(lo, own_a, own_b), 1);
+    let from_3 = swap(pick(lo, oth_a, oth_b), 1);
+    // Lane L's word is at L: this lane's, then t ^ 1's within each pair of lanes.
+    let near = if lo {
+        [from_1, keep_own]
+    } else {
+        [keep_own, from_1]
+    };
+    let far = if lo {
+        [from_3, keep_oth]
+    } else {
+        [keep_oth, from_3]
+    };
+    if hi {
+        [far[0], far[1], near[0], near[1]]
+    } else {
+        [near[0], near[1], far[0], far[1]]
+    }
 }
 
 /// Finishes the softmax of the thread's rows (`first_row + ` their fragment rows), writes
@@ -324,20 +436,6 @@ pub unsafe fn store_output_staged<E: Elem, M: AttnMask, const D_TILES: usize>(
         let c = lane + 32 * k as u32;
         let (row, chunk) = (c / D_TILES as u32, c % D_TILES as u32);
         let words = ptx::ld_shared_v4(chunk_at(row, chunk));
-        let (seq_row, col) = (first_row + row, chunk * 8);
-        if seq_row >= block.seqlen_q || col >= head_dim {
-            continue;
-        }
-        let dst =
-            (p.o.ptr as *mut u16).add((block.query_offset(&p.o, seq_row) + col as u64) as usize);
-        if col + 8 <= head_dim {
-            ptx::st_global_v4(dst as u64, words);
-        } else {
-            for (w, &word) in words.iter().enumerate() {
-                if col + 2 * (w as u32) < head_dim {
-                    *(dst.add(2 * w) as *mut u32) = word;
-                }
-            }
-        }
+        store_chunk(p, block, first_row + row, chunk * 8, head_dim, words);
     }
 }

@@ -138,7 +138,7 @@ pub unsafe fn flash_fwd<
     }
     let o_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
     let first_row = row0 + warp_m0 as u32;
-    store_output::<E, M, MT, D_TILES>(p, &block, &mask, first_row, &o, &softmax, o_scale, None);
+    store_output::<E, M, MT, D_TILES>(p, &block, &mask, first_row, &o, &softmax, o_scale);
 }
 
 /// One step of the key loop: what this thread reads and where its rows and keys are.

@@ -83,7 +83,8 @@
 //! [`crate::gmma`] (which is TMA's 128-byte swizzle of 64-column boxes), where it fits
 //! (d = 64; the general kind with dropout at d = 128, whose 64-key tiles leave room) each
 //! consumer warp's O stage `[16][D]` ([`store_output_staged`]: O leaves by
-//! `stmatrix` and 16-byte stores), then the barriers.
+//! `stmatrix` and 16-byte stores), then the barriers. Elsewhere O leaves by 16-byte stores
+//! from registers, after each quad's lanes swap their pairs ([`store_output_by_quads`]).
 //! Registers per consumer thread: S `BN/2` f32, P `BN/4` packed, O `D/2` f32, m and l of 2
 //! rows. Sync points: one `bar.sync` after the barriers are initialised; from then on only
 //! `mbarrier`s: `*_full` complete when the copies' bytes land (one arrival, the producer's
@@ -93,7 +94,7 @@
 //! each warpgroup's Q rows in place, then `fence.proxy.async` and a named barrier of that
 //! warpgroup.
 
-use super::io::{output_stage_bytes, store_output, store_output_staged};
+use super::io::{output_stage_bytes, store_output_by_quads, store_output_staged};
 use super::KeyTile;
 use crate::block::BlockInfo;
 use crate::config::MMA_M;
@@ -953,8 +954,9 @@ unsafe fn consume<
             p, block, mask, first_row, &o, &softmax, o_scale, me.lane, stage,
         );
     } else {
-        let lane = PERSISTENT.then_some(me.lane);
-        store_output::<E, M, 1, D_TILES>(p, block, mask, first_row, &o, &softmax, o_scale, lane);
+        store_output_by_quads::<E, M, D_TILES>(
+            p, block, mask, first_row, &o, &softmax, o_scale, me.lane,
+        );
     }
     tiles
 }
