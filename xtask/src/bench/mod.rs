@@ -10,7 +10,7 @@
 //! values read "n/a") and regenerates, for each file, `docs/bench/fwd-<stem>.svg` (forward
 //! rows only) and the generated section of `docs/benchmarks.md` between its `bench:begin` / `bench:end` markers.
 //!
-//! One file per job: [`run`] measures, [`record`] reads the results files, [`report`] writes
+//! One file per job: [`mod@run`] measures, [`record`] reads the results files, [`mod@report`] writes
 //! the markdown, [`plot`] draws the SVG charts (with `plotters`).
 
 mod plot;
