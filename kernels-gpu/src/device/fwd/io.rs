@@ -281,40 +281,20 @@ pub unsafe fn store_output_by_quads<E: Elem, M: AttnMask, const D_TILES: usize>(
                 }),
                 quad_lane,
             );
-            store_chunk(
-                p,
-                block,
-                row,
-                (4 * k as u32 + quad_lane) * 8,
-                head_dim,
-                words,
-            );
-        }
-    }
-}
-
-/// Stores the 16-byte chunk `words` of O's sequence row `row` from column `col` (a multiple of
-/// 8): at once, or 4 bytes at a time up to `head_dim` where the head dim cuts it; nothing
-/// for a row past the sequence or a chunk past the head dim.
-#[inline(always)]
-unsafe fn store_chunk(
-    p: &FwdParams,
-    block: &BlockInfo,
-    row: u32,
-    col: u32,
-    head_dim: u32,
-    words: [u32; 4],
-) {
-    if row >= block.seqlen_q || col >= head_dim {
-        return;
-    }
-    let dst = (p.o.ptr as *mut u16).add((block.query_offset(&p.o, row) + col as u64) as usize);
-    if col + 8 <= head_dim {
-        ptx::st_global_v4(dst as u64, words);
-    } else {
-        for (w, &word) in words.iter().enumerate() {
-            if col + 2 * (w as u32) < head_dim {
-                *(dst.add(2 * w) as *mut u32) = word;
+            let col = (4 * k as u32 + quad_lane) * 8;
+            if row >= block.seqlen_q || col >= head_dim {
+                continue;
+            }
+            let dst =
+                (p.o.ptr as *mut u16).add((block.query_offset(&p.o, row) + col as u64) as usize);
+            if col + 8 <= head_dim {
+                ptx::st_global_v4(dst as u64, words);
+            } else {
+                for (w, &word) in words.iter().enumerate() {
+                    if col + 2 * (w as u32) < head_dim {
+                        *(dst.add(2 * w) as *mut u32) = word;
+                    }
+                }
             }
         }
     }
@@ -436,6 +416,20 @@ pub unsafe fn store_output_staged<E: Elem, M: AttnMask, const D_TILES: usize>(
         let c = lane + 32 * k as u32;
         let (row, chunk) = (c / D_TILES as u32, c % D_TILES as u32);
         let words = ptx::ld_shared_v4(chunk_at(row, chunk));
-        store_chunk(p, block, first_row + row, chunk * 8, head_dim, words);
+        let (seq_row, col) = (first_row + row, chunk * 8);
+        if seq_row >= block.seqlen_q || col >= head_dim {
+            continue;
+        }
+        let dst =
+            (p.o.ptr as *mut u16).add((block.query_offset(&p.o, seq_row) + col as u64) as usize);
+        if col + 8 <= head_dim {
+            ptx::st_global_v4(dst as u64, words);
+        } else {
+            for (w, &word) in words.iter().enumerate() {
+                if col + 2 * (w as u32) < head_dim {
+                    *(dst.add(2 * w) as *mut u32) = word;
+                }
+            }
+        }
     }
 }
