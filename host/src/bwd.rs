@@ -16,7 +16,9 @@ use crate::params::AttnParams;
 use crate::seqs::{gpu_runs, SeqRun, Varlen};
 use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
-use flash_attn_kernels::config::{bwd_aux_grid, BWD_AUX_THREADS};
+use flash_attn_kernels::config::{
+    bwd_aux_grid, bwd_prep_grid, bwd_prep_smem, BWD_AUX_THREADS, BWD_PREP_WARPS,
+};
 use flash_attn_kernels::params::{BwdParams, Strides, TensorRef};
 use flash_attn_kernels::registry::{self, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS};
 use std::sync::Arc;
@@ -387,9 +389,9 @@ fn run_backward<T: Element>(
                 launch(
                     dev,
                     BWD_PREP_KERNELS[dtype as usize],
-                    aux_grid,
-                    threads,
-                    0,
+                    bwd_prep_grid(run.count * len_q, hq),
+                    (BWD_PREP_WARPS * 32) as u32,
+                    bwd_prep_smem(padded_d),
                     p,
                 )?;
             }

@@ -276,8 +276,37 @@ impl BwdTile {
     }
 }
 
-/// Threads per block of the backward's pre-pass and dQ conversion kernels.
+/// Threads per block of the backward's dQ conversion kernel.
 pub const BWD_AUX_THREADS: usize = 256;
+
+/// Warps per block of the backward's pre-pass: each stages its 16 tokens' rows of O and dO in
+/// shared memory ([`bwd_prep_smem`]); two keep a block's stages within 48 KB at d = 256.
+pub const BWD_PREP_WARPS: usize = 2;
+
+/// Bytes per staged row of the pre-pass: the head dim rounded up to 16 columns, 2 bytes each,
+/// plus 16 so that the 8 rows one fragment load touches fall on distinct banks.
+pub const fn bwd_prep_pitch(head_dim: usize) -> usize {
+    head_dim.div_ceil(16) * 16 * 2 + 16
+}
+
+/// Dynamic shared memory of the pre-pass: per warp, 16 rows of O, then 16 of dO.
+pub const fn bwd_prep_smem(head_dim: usize) -> usize {
+    BWD_PREP_WARPS * 2 * 16 * bwd_prep_pitch(head_dim)
+}
+
+/// Grid of the pre-pass: `x` blocks of [`BWD_PREP_WARPS`] warps, one warp per 16 tokens of a
+/// head (a grid-stride loop covers the rest past 2²⁰ blocks), `y` the query heads.
+pub const fn bwd_prep_grid(tokens: usize, heads: usize) -> (u32, u32, u32) {
+    let blocks = tokens.div_ceil(16).div_ceil(BWD_PREP_WARPS);
+    let blocks = if blocks < 1 {
+        1
+    } else if blocks > 1 << 20 {
+        1 << 20
+    } else {
+        blocks
+    };
+    (blocks as u32, heads as u32, 1)
+}
 
 /// Lanes of the backward's pre-pass and dQ conversion per (token, head) row: one per 8
 /// elements of the (8-aligned) head dim, rounded up to a power of two; at most 32 for head
@@ -286,7 +315,7 @@ pub const fn bwd_aux_lanes(head_dim: usize) -> usize {
     head_dim.div_ceil(8).next_power_of_two()
 }
 
-/// Grid of the pre-pass and the conversion: `x` blocks of [`BWD_AUX_THREADS`] over the
+/// Grid of the conversion: `x` blocks of [`BWD_AUX_THREADS`] over the
 /// `tokens · bwd_aux_lanes(head_dim)` lanes of one head (a grid-stride loop covers the rest),
 /// `y` the query heads.
 pub const fn bwd_aux_grid(tokens: usize, heads: usize, head_dim: usize) -> (u32, u32, u32) {

@@ -15,8 +15,8 @@
 
 use crate::arch::{Arch, ARCH_COUNT};
 use crate::config::{
-    BwdTile, DecodeTile, FwdTile, APPEND_THREADS, BWD_AUX_THREADS, COMBINE_THREADS, MMA_M,
-    PAD_THREADS, PROBE_SMEM_BYTES, PROBE_THREADS,
+    bwd_prep_smem, BwdTile, DecodeTile, FwdTile, APPEND_THREADS, BWD_AUX_THREADS, BWD_PREP_WARPS,
+    COMBINE_THREADS, MMA_M, PAD_THREADS, PROBE_SMEM_BYTES, PROBE_THREADS,
 };
 
 /// Element type of a kernel's 16-bit tensors.
@@ -358,8 +358,8 @@ macro_rules! registry {
                 wgmma_bwd_info(stringify!($gf16), wgmma_bwd_tile($gd, $gblock_m)),
                 wgmma_bwd_info(stringify!($gbf16), wgmma_bwd_tile($gd, $gblock_m)),
             )*
-            aux_info(stringify!($prep16)),
-            aux_info(stringify!($prepb16)),
+            prep_info(stringify!($prep16)),
+            prep_info(stringify!($prepb16)),
             aux_info(stringify!($conv16)),
             aux_info(stringify!($convb16)),
             $(
@@ -643,6 +643,19 @@ const fn pass_info(name: &'static str, threads: usize) -> KernelInfo {
         family: Family::DecodePasses,
         dyn_smem: [0; ARCH_COUNT],
         threads: [threads; ARCH_COUNT],
+        built: [true; ARCH_COUNT],
+        maxntid: false,
+    }
+}
+
+/// The backward's pre-pass: [`BWD_PREP_WARPS`] warps and, at most, the stages of head dim 256
+/// ([`bwd_prep_smem`]; a launch passes its own head dim's).
+const fn prep_info(name: &'static str) -> KernelInfo {
+    KernelInfo {
+        name,
+        family: Family::BwdPasses,
+        dyn_smem: [bwd_prep_smem(256); ARCH_COUNT],
+        threads: [BWD_PREP_WARPS * 32; ARCH_COUNT],
         built: [true; ARCH_COUNT],
         maxntid: false,
     }

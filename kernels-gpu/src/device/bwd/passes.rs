@@ -1,13 +1,14 @@
 //! The backward's two small kernels: the pre-pass D = rowsum(dO ∘ O) and the conversion of
-//! the f32 dQ accumulators to the output type. Grid `(x, heads_q)` (see
-//! [`crate::config::bwd_aux_grid`]), grid-stride over the tokens of head `blockIdx.y`: the
-//! pre-pass gives each warp 16 tokens and sums with `mma` (see [`bwd_prep`]); the conversion
-//! gives each (token, head) row [`crate::config::bwd_aux_lanes`] lanes of one warp, 8 elements
-//! (16-byte loads and stores) per lane. No shared memory, no barriers.
+//! the f32 dQ accumulators to the output type. Grid `(x, heads_q)`, grid-stride over the
+//! tokens of head `blockIdx.y`: the pre-pass ([`crate::config::bwd_prep_grid`]) gives each warp
+//! 16 tokens, stages their rows in shared memory and sums with `mma` (see [`bwd_prep`]); the
+//! conversion ([`crate::config::bwd_aux_grid`]) gives each (token, head) row
+//! [`crate::config::bwd_aux_lanes`] lanes of one warp, 8 elements (16-byte loads and stores)
+//! per lane, without shared memory. Neither has a block-wide barrier.
 
 use super::super::elem::Elem;
 use super::super::ptx;
-use crate::config::bwd_aux_lanes;
+use crate::config::{bwd_aux_lanes, bwd_prep_pitch};
 use crate::params::BwdParams;
 
 /// 16 bytes, 16-byte aligned: one vector load or store.
@@ -64,10 +65,19 @@ unsafe fn for_each_chunk(p: &BwdParams, mut f: impl FnMut(u32, u32, u32, u32, u3
 /// takes nearly all of a row's softmax; when O is exactly that key's V row (one visible key),
 /// D and dP are then the same f32 sum and dS is exactly 0, as in the softmax backward.
 ///
+/// Each warp takes 16 tokens at a time: their rows of O and dO go to the warp's stage in
+/// shared memory ([`crate::config::bwd_prep_smem`]: 16 rows of O, then 16 of dO, each
+/// [`crate::config::bwd_prep_pitch`] bytes, zero past the head dim and past the last token)
+/// by 16-byte `cp.async` copies, a row's chunks from consecutive lanes, all in flight at
+/// once; the `mma` fragments are then read from there. Sync points: `bar.warp.sync` after the
+/// copies have landed and before the stage is written again. No block-wide barrier.
+///
 /// # Safety
-/// `p` describes live O, dO and delta tensors whose rows are 4-byte aligned with an even
-/// head dim; launched with [`crate::config::bwd_aux_grid`] (any grid: warps stride over the
-/// 16-token groups).
+/// `p` describes live O, dO and delta tensors whose rows are 16-byte aligned with a head dim
+/// that is a multiple of 8 (the backward's packed layout); launched with
+/// [`crate::config::bwd_prep_grid`], [`crate::config::BWD_PREP_WARPS`] warps and
+/// [`crate::config::bwd_prep_smem`] bytes of dynamic shared memory (any grid: warps stride
+/// over the 16-token groups).
 #[inline(always)]
 pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
     let d = &p.dims;
@@ -77,25 +87,49 @@ pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
     let (idx, step) = grid_stride();
     let (lane, warps) = ((idx % 32) as u32, step / 32);
     let (g, t) = (lane / 4, lane % 4);
+    let pitch = bwd_prep_pitch(d.head_dim as usize) as u32;
+    let stage = ptx::dyn_smem_base() + (ptx::tid_x() / 32) * 32 * pitch;
+    // 16-byte chunks per staged row (the head dim rounded up to 16 columns).
+    let chunks = d.head_dim.div_ceil(16) * 2;
     let mut group = idx / 32;
     while group < groups {
+        // Lane l holds the address of staged row l: O's rows 0..16, then dO's (0: none).
+        let (tensor, r) = (if lane < 16 { &p.o } else { &p.d_o }, lane % 16);
+        let tok = group * 16 + r as u64;
+        let row_addr = if tok < tokens {
+            let (batch, row) = split_token(tok, d.seqlen_q.max(1));
+            tensor.ptr + 2 * tensor.strides.offset(batch, row, head)
+        } else {
+            0
+        };
+        // Chunk c of staged row s for item s·chunks + c, lanes over consecutive items.
+        let (mut s_row, mut c) = (lane / chunks, lane % chunks);
+        let lanes_step = (32 / chunks, 32 % chunks); // chunks ≤ 32
+        for _ in 0..chunks {
+            let lo = ptx::shfl_sync_idx_u32(row_addr as u32, s_row);
+            let hi = ptx::shfl_sync_idx_u32((row_addr >> 32) as u32, s_row);
+            let src = (hi as u64) << 32 | lo as u64;
+            // Past the last token or the head dim: 16 zero bytes, nothing read.
+            let (src, bytes) = if src != 0 && 8 * c < d.head_dim {
+                (src + 16 * c as u64, 16)
+            } else {
+                (p.o.ptr, 0)
+            };
+            ptx::cp_async_cg_16(stage + s_row * pitch + 16 * c, src as *const u8, bytes);
+            c += lanes_step.1;
+            s_row += lanes_step.0;
+            if c >= chunks {
+                c -= chunks;
+                s_row += 1;
+            }
+        }
+        ptx::cp_async_commit_group();
+        ptx::cp_async_wait_group::<0>();
+        ptx::bar_warp_sync();
         // This lane's two tokens: rows g and g + 8 of the group (A rows; B columns of the two
         // 8-token n-tiles).
-        let row_ptr = |tok: u64, tr: &crate::params::TensorRef| -> Option<*const u16> {
-            (tok < tokens).then(|| {
-                let (batch, row) = split_token(tok, d.seqlen_q.max(1));
-                (tr.ptr as *const u16).add(tr.strides.offset(batch, row, head) as usize)
-            })
-        };
-        let toks = [group * 16 + g as u64, group * 16 + 8 + g as u64];
-        let o = toks.map(|tok| row_ptr(tok, &p.o));
-        let d_o = toks.map(|tok| row_ptr(tok, &p.d_o));
-        let pair = |row: Option<*const u16>, col: u32| -> u32 {
-            match row {
-                Some(r) if col < d.head_dim => *(r.add(col as usize) as *const u32),
-                _ => 0,
-            }
-        };
+        let pair = |row: u32, col: u32| ptx::ld_shared_u32(stage + row * pitch + 2 * col);
+        let (o, d_o) = ([g, g + 8], [16 + g, 24 + g]);
         let (mut acc0, mut acc1) = ([0.0f32; 4], [0.0f32; 4]);
         let mut k0 = 0;
         while k0 < d.head_dim {
@@ -110,6 +144,8 @@ pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
             E::mma(&mut acc1, a, [pair(d_o[1], c0), pair(d_o[1], c1)]);
             k0 += 16;
         }
+        // Every lane's reads of the stage are done before the next group's copies land there.
+        ptx::bar_warp_sync();
         // The diagonal: token g sits at (row g, column g) of n-tile 0, token g + 8 at
         // (row g + 8, column g) of n-tile 1, both in the lane with t = g / 2 (element g % 2 of
         // the row's pair; selected, not indexed, to stay in registers).
@@ -119,6 +155,7 @@ pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
                 if odd { acc0[1] } else { acc0[0] },
                 if odd { acc1[3] } else { acc1[2] },
             ];
+            let toks = [group * 16 + g as u64, group * 16 + 8 + g as u64];
             for r in 0..2 {
                 let (tok, v) = (toks[r], diagonal[r]);
                 if tok < tokens {
