@@ -297,7 +297,12 @@ pub const fn bwd_prep_smem(head_dim: usize) -> usize {
 /// Grid of the pre-pass: `x` blocks of [`BWD_PREP_WARPS`] warps, one warp per 16 tokens of a
 /// head (a grid-stride loop covers the rest past 2²⁰ blocks), `y` the query heads.
 pub const fn bwd_prep_grid(tokens: usize, heads: usize) -> (u32, u32, u32) {
-    let blocks = tokens.div_ceil(16).div_ceil(BWD_PREP_WARPS);
+    per_head_grid(tokens.div_ceil(16).div_ceil(BWD_PREP_WARPS), heads)
+}
+
+/// `(blocks, heads, 1)` with `blocks` clamped to `1 ..= 2²⁰` (the backward's passes loop over
+/// what a smaller grid leaves).
+const fn per_head_grid(blocks: usize, heads: usize) -> (u32, u32, u32) {
     let blocks = if blocks < 1 {
         1
     } else if blocks > 1 << 20 {
@@ -308,7 +313,7 @@ pub const fn bwd_prep_grid(tokens: usize, heads: usize) -> (u32, u32, u32) {
     (blocks as u32, heads as u32, 1)
 }
 
-/// Lanes of the backward's pre-pass and dQ conversion per (token, head) row: one per 8
+/// Lanes of the backward's dQ conversion per (token, head) row: one per 8
 /// elements of the (8-aligned) head dim, rounded up to a power of two; at most 32 for head
 /// dims up to 256, so a row never straddles two warps.
 pub const fn bwd_aux_lanes(head_dim: usize) -> usize {
@@ -319,15 +324,10 @@ pub const fn bwd_aux_lanes(head_dim: usize) -> usize {
 /// `tokens · bwd_aux_lanes(head_dim)` lanes of one head (a grid-stride loop covers the rest),
 /// `y` the query heads.
 pub const fn bwd_aux_grid(tokens: usize, heads: usize, head_dim: usize) -> (u32, u32, u32) {
-    let blocks = (tokens * bwd_aux_lanes(head_dim)).div_ceil(BWD_AUX_THREADS);
-    let blocks = if blocks < 1 {
-        1
-    } else if blocks > 1 << 20 {
-        1 << 20
-    } else {
-        blocks
-    };
-    (blocks as u32, heads as u32, 1)
+    per_head_grid(
+        (tokens * bwd_aux_lanes(head_dim)).div_ceil(BWD_AUX_THREADS),
+        heads,
+    )
 }
 
 /// Name of the strided ⇄ packed layout kernel.
