@@ -270,7 +270,7 @@ pub unsafe fn store_output_by_quads<E: Elem, M: AttnMask, const D_TILES: usize>(
     const { assert!(D_TILES % 4 == 0) };
     let pos = FragPos::of(lane);
     let (rows, inv_l) = store_lse(p, block, mask, first_row, softmax, o_scale, pos);
-    let (quad_lane, head_dim) = (lane % 4, p.dims.head_dim);
+    let quad_lane = lane % 4;
     for r in 0..2 {
         let (row, inv) = (rows.0[0][r], inv_l.0[0][r]);
         for k in 0..D_TILES / 4 {
@@ -281,20 +281,30 @@ pub unsafe fn store_output_by_quads<E: Elem, M: AttnMask, const D_TILES: usize>(
                 }),
                 quad_lane,
             );
-            let col = (4 * k as u32 + quad_lane) * 8;
-            if row >= block.seqlen_q || col >= head_dim {
-                continue;
-            }
-            let dst =
-                (p.o.ptr as *mut u16).add((block.query_offset(&p.o, row) + col as u64) as usize);
-            if col + 8 <= head_dim {
-                ptx::st_global_v4(dst as u64, words);
-            } else {
-                for (w, &word) in words.iter().enumerate() {
-                    if col + 2 * (w as u32) < head_dim {
-                        *(dst.add(2 * w) as *mut u32) = word;
-                    }
-                }
+            store_o_chunk(p, block, row, (4 * k as u32 + quad_lane) * 8, words);
+        }
+    }
+}
+
+/// Stores the 16-byte chunk `words` (8 columns from `col`) of O's sequence row `row`: nothing
+/// for a row past the sequence or a chunk past the head dim, and a chunk the head dim cuts 4
+/// bytes at a time up to it (O's row starts are 16-byte aligned: [`crate::params::TensorRef`]).
+///
+/// # Safety
+/// `p` describes live tensors.
+#[inline(always)]
+unsafe fn store_o_chunk(p: &FwdParams, block: &BlockInfo, row: u32, col: u32, words: [u32; 4]) {
+    let head_dim = p.dims.head_dim;
+    if row >= block.seqlen_q || col >= head_dim {
+        return;
+    }
+    let dst = (p.o.ptr as *mut u16).add((block.query_offset(&p.o, row) + col as u64) as usize);
+    if col + 8 <= head_dim {
+        ptx::st_global_v4(dst as u64, words);
+    } else {
+        for (w, &word) in words.iter().enumerate() {
+            if col + 2 * (w as u32) < head_dim {
+                *(dst.add(2 * w) as *mut u32) = word;
             }
         }
     }
@@ -411,25 +421,10 @@ pub unsafe fn store_output_staged<E: Elem, M: AttnMask, const D_TILES: usize>(
         ptx::stmatrix_x4(chunk_at(row, dt as u32 + m / 2), regs);
     }
     ptx::bar_warp_sync();
-    let head_dim = p.dims.head_dim;
     for k in 0..MMA_M * D_TILES / 32 {
         let c = lane + 32 * k as u32;
         let (row, chunk) = (c / D_TILES as u32, c % D_TILES as u32);
         let words = ptx::ld_shared_v4(chunk_at(row, chunk));
-        let (seq_row, col) = (first_row + row, chunk * 8);
-        if seq_row >= block.seqlen_q || col >= head_dim {
-            continue;
-        }
-        let dst =
-            (p.o.ptr as *mut u16).add((block.query_offset(&p.o, seq_row) + col as u64) as usize);
-        if col + 8 <= head_dim {
-            ptx::st_global_v4(dst as u64, words);
-        } else {
-            for (w, &word) in words.iter().enumerate() {
-                if col + 2 * (w as u32) < head_dim {
-                    *(dst.add(2 * w) as *mut u32) = word;
-                }
-            }
-        }
+        store_o_chunk(p, block, first_row + row, chunk * 8, words);
     }
 }
