@@ -279,9 +279,13 @@ impl BwdTile {
 /// Threads per block of the backward's dQ conversion kernel.
 pub const BWD_AUX_THREADS: usize = 256;
 
-/// Warps per block of the backward's pre-pass: each stages its 16 tokens' rows of O and dO in
-/// shared memory ([`bwd_prep_smem`]); two keep a block's stages within 48 KB at d = 256.
+/// Warps per block of the backward's pre-pass: each stages its [`BWD_PREP_TOKENS`] tokens'
+/// rows of O and dO in shared memory ([`bwd_prep_smem`]); two keep a block's stages within
+/// 48 KB at d = 256.
 pub const BWD_PREP_WARPS: usize = 2;
+
+/// Tokens per warp and step of the backward's pre-pass: the rows of one `mma` tile.
+pub const BWD_PREP_TOKENS: usize = MMA_M;
 
 /// Bytes per staged row of the pre-pass: the head dim rounded up to 16 columns, 2 bytes each,
 /// plus 16 so that the 8 rows one fragment load touches fall on distinct banks.
@@ -289,15 +293,20 @@ pub const fn bwd_prep_pitch(head_dim: usize) -> usize {
     head_dim.div_ceil(16) * 16 * 2 + 16
 }
 
-/// Dynamic shared memory of the pre-pass: per warp, 16 rows of O, then 16 of dO.
+/// Dynamic shared memory of the pre-pass: per warp, [`BWD_PREP_TOKENS`] rows of O, then as
+/// many of dO.
 pub const fn bwd_prep_smem(head_dim: usize) -> usize {
-    BWD_PREP_WARPS * 2 * 16 * bwd_prep_pitch(head_dim)
+    BWD_PREP_WARPS * 2 * BWD_PREP_TOKENS * bwd_prep_pitch(head_dim)
 }
 
-/// Grid of the pre-pass: `x` blocks of [`BWD_PREP_WARPS`] warps, one warp per 16 tokens of a
-/// head (a grid-stride loop covers the rest past 2²⁰ blocks), `y` the query heads.
+/// Grid of the pre-pass: `x` blocks of [`BWD_PREP_WARPS`] warps, one warp per
+/// [`BWD_PREP_TOKENS`] tokens of a head (a grid-stride loop covers the rest past 2²⁰ blocks),
+/// `y` the query heads.
 pub const fn bwd_prep_grid(tokens: usize, heads: usize) -> (u32, u32, u32) {
-    per_head_grid(tokens.div_ceil(16).div_ceil(BWD_PREP_WARPS), heads)
+    per_head_grid(
+        tokens.div_ceil(BWD_PREP_TOKENS).div_ceil(BWD_PREP_WARPS),
+        heads,
+    )
 }
 
 /// `(blocks, heads, 1)` with `blocks` clamped to `1 ..= 2²⁰` (the backward's passes loop over

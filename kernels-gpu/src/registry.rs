@@ -358,19 +358,21 @@ macro_rules! registry {
                 wgmma_bwd_info(stringify!($gf16), wgmma_bwd_tile($gd, $gblock_m)),
                 wgmma_bwd_info(stringify!($gbf16), wgmma_bwd_tile($gd, $gblock_m)),
             )*
-            prep_info(stringify!($prep16)),
-            prep_info(stringify!($prepb16)),
-            aux_info(stringify!($conv16)),
-            aux_info(stringify!($convb16)),
+            // The pre-pass: `BWD_PREP_WARPS` warps and at most the stages of head dim 256 (a
+            // launch passes its own head dim's).
+            pass_info(stringify!($prep16), Family::BwdPasses, PREP_THREADS, PREP_SMEM),
+            pass_info(stringify!($prepb16), Family::BwdPasses, PREP_THREADS, PREP_SMEM),
+            pass_info(stringify!($conv16), Family::BwdPasses, BWD_AUX_THREADS, 0),
+            pass_info(stringify!($convb16), Family::BwdPasses, BWD_AUX_THREADS, 0),
             $(
                 decode_info(stringify!($df16), decode_tiles_of($dd, $dtiles)),
                 decode_info(stringify!($dbf16), decode_tiles_of($dd, $dtiles)),
             )*
-            pass_info(stringify!($comb16), COMBINE_THREADS),
-            pass_info(stringify!($combb16), COMBINE_THREADS),
-            pass_info(stringify!($merge16), COMBINE_THREADS),
-            pass_info(stringify!($mergeb16), COMBINE_THREADS),
-            pass_info(stringify!($append), APPEND_THREADS),
+            pass_info(stringify!($comb16), Family::DecodePasses, COMBINE_THREADS, 0),
+            pass_info(stringify!($combb16), Family::DecodePasses, COMBINE_THREADS, 0),
+            pass_info(stringify!($merge16), Family::DecodePasses, COMBINE_THREADS, 0),
+            pass_info(stringify!($mergeb16), Family::DecodePasses, COMBINE_THREADS, 0),
+            pass_info(stringify!($append), Family::DecodePasses, APPEND_THREADS, 0),
             $(
                 KernelInfo {
                     name: stringify!($pad),
@@ -637,36 +639,25 @@ macro_rules! decode_pass_entry {
     };
 }
 
-const fn pass_info(name: &'static str, threads: usize) -> KernelInfo {
+/// Threads of the backward's pre-pass.
+const PREP_THREADS: usize = BWD_PREP_WARPS * 32;
+/// Dynamic shared memory the pre-pass is registered with: its stages at head dim 256.
+const PREP_SMEM: usize = bwd_prep_smem(256);
+
+/// A pass kernel of `family` (the backward's pre-pass and dQ conversion, the decode path's
+/// combine, merge and append): the same `threads` and dynamic shared memory (`dyn_smem`
+/// bytes) on every target, no `.maxntid`.
+const fn pass_info(
+    name: &'static str,
+    family: Family,
+    threads: usize,
+    dyn_smem: usize,
+) -> KernelInfo {
     KernelInfo {
         name,
-        family: Family::DecodePasses,
-        dyn_smem: [0; ARCH_COUNT],
+        family,
+        dyn_smem: [dyn_smem; ARCH_COUNT],
         threads: [threads; ARCH_COUNT],
-        built: [true; ARCH_COUNT],
-        maxntid: false,
-    }
-}
-
-/// The backward's pre-pass: [`BWD_PREP_WARPS`] warps and, at most, the stages of head dim 256
-/// ([`bwd_prep_smem`]; a launch passes its own head dim's).
-const fn prep_info(name: &'static str) -> KernelInfo {
-    KernelInfo {
-        name,
-        family: Family::BwdPasses,
-        dyn_smem: [bwd_prep_smem(256); ARCH_COUNT],
-        threads: [BWD_PREP_WARPS * 32; ARCH_COUNT],
-        built: [true; ARCH_COUNT],
-        maxntid: false,
-    }
-}
-
-const fn aux_info(name: &'static str) -> KernelInfo {
-    KernelInfo {
-        name,
-        family: Family::BwdPasses,
-        dyn_smem: [0; ARCH_COUNT],
-        threads: [BWD_AUX_THREADS; ARCH_COUNT],
         built: [true; ARCH_COUNT],
         maxntid: false,
     }

@@ -8,7 +8,7 @@
 
 use super::super::elem::Elem;
 use super::super::ptx;
-use crate::config::{bwd_aux_lanes, bwd_prep_pitch};
+use crate::config::{bwd_aux_lanes, bwd_prep_pitch, BWD_PREP_TOKENS};
 use crate::params::BwdParams;
 
 /// 16 bytes, 16-byte aligned: one vector load or store.
@@ -83,19 +83,21 @@ pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
     let d = &p.dims;
     let head = ptx::ctaid().1;
     let tokens = d.batch as u64 * d.seqlen_q as u64;
-    let groups = tokens.div_ceil(16);
+    const TOKENS: u32 = BWD_PREP_TOKENS as u32; // a group: one `mma` tile's rows
+    const { assert!(TOKENS == 16) }; // the lanes' roles below: 32 staged rows, 8 per half tile
+    let groups = tokens.div_ceil(TOKENS as u64);
     let (idx, step) = grid_stride();
     let (lane, warps) = ((idx % 32) as u32, step / 32);
     let (g, t) = (lane / 4, lane % 4);
     let pitch = bwd_prep_pitch(d.head_dim as usize) as u32;
-    let stage = ptx::dyn_smem_base() + (ptx::tid_x() / 32) * 32 * pitch;
+    let stage = ptx::dyn_smem_base() + (ptx::tid_x() / 32) * 2 * TOKENS * pitch;
     // 16-byte chunks per staged row (the head dim rounded up to 16 columns).
     let chunks = d.head_dim.div_ceil(16) * 2;
     let mut group = idx / 32;
     while group < groups {
-        // Lane l holds the address of staged row l: O's rows 0..16, then dO's (0: none).
-        let (tensor, r) = (if lane < 16 { &p.o } else { &p.d_o }, lane % 16);
-        let tok = group * 16 + r as u64;
+        // Lane l holds the address of staged row l: O's rows, then dO's (0: none).
+        let (tensor, r) = (if lane < TOKENS { &p.o } else { &p.d_o }, lane % TOKENS);
+        let tok = group * TOKENS as u64 + r as u64;
         let row_addr = if tok < tokens {
             let (batch, row) = split_token(tok, d.seqlen_q.max(1));
             tensor.ptr + 2 * tensor.strides.offset(batch, row, head)
@@ -129,7 +131,7 @@ pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
         // This lane's two tokens: rows g and g + 8 of the group (A rows; B columns of the two
         // 8-token n-tiles).
         let pair = |row: u32, col: u32| ptx::ld_shared_u32(stage + row * pitch + 2 * col);
-        let (o, d_o) = ([g, g + 8], [16 + g, 24 + g]);
+        let (o, d_o) = ([g, g + 8], [TOKENS + g, TOKENS + 8 + g]);
         let (mut acc0, mut acc1) = ([0.0f32; 4], [0.0f32; 4]);
         let mut k0 = 0;
         while k0 < d.head_dim {
@@ -155,7 +157,8 @@ pub unsafe fn bwd_prep<E: Elem>(p: &BwdParams) {
                 if odd { acc0[1] } else { acc0[0] },
                 if odd { acc1[3] } else { acc1[2] },
             ];
-            let toks = [group * 16 + g as u64, group * 16 + 8 + g as u64];
+            let first = group * TOKENS as u64;
+            let toks = [first + g as u64, first + 8 + g as u64];
             for r in 0..2 {
                 let (tok, v) = (toks[r], diagonal[r]);
                 if tok < tokens {
