@@ -17,7 +17,7 @@ use crate::seqs::{gpu_runs, SeqRun, Varlen};
 use crate::shape::AttnShape;
 use crate::tensor::DeviceTensor;
 use flash_attn_kernels::config::{
-    bwd_aux_grid, bwd_prep_grid, bwd_prep_smem, BWD_AUX_THREADS, BWD_PREP_WARPS,
+    bwd_aux_grid, bwd_prep_grid, bwd_prep_smem, BWD_AUX_THREADS, BWD_PREP_THREADS,
 };
 use flash_attn_kernels::params::{BwdParams, Strides, TensorRef};
 use flash_attn_kernels::registry::{self, BWD_CONVERT_KERNELS, BWD_PREP_KERNELS};
@@ -390,7 +390,7 @@ fn run_backward<T: Element>(
                     dev,
                     BWD_PREP_KERNELS[dtype as usize],
                     bwd_prep_grid(run.count * len_q, hq),
-                    (BWD_PREP_WARPS * 32) as u32,
+                    BWD_PREP_THREADS as u32,
                     bwd_prep_smem(padded_d),
                     p,
                 )?;

@@ -284,6 +284,9 @@ pub const BWD_AUX_THREADS: usize = 256;
 /// 48 KB at d = 256.
 pub const BWD_PREP_WARPS: usize = 2;
 
+/// Threads per block of the backward's pre-pass.
+pub const BWD_PREP_THREADS: usize = BWD_PREP_WARPS * 32;
+
 /// Tokens per warp and step of the backward's pre-pass: the rows of one `mma` tile.
 pub const BWD_PREP_TOKENS: usize = MMA_M;
 

@@ -15,7 +15,7 @@
 
 use crate::arch::{Arch, ARCH_COUNT};
 use crate::config::{
-    bwd_prep_smem, BwdTile, DecodeTile, FwdTile, APPEND_THREADS, BWD_AUX_THREADS, BWD_PREP_WARPS,
+    bwd_prep_smem, BwdTile, DecodeTile, FwdTile, APPEND_THREADS, BWD_AUX_THREADS, BWD_PREP_THREADS,
     COMBINE_THREADS, MMA_M, PAD_THREADS, PROBE_SMEM_BYTES, PROBE_THREADS,
 };
 
@@ -358,10 +358,10 @@ macro_rules! registry {
                 wgmma_bwd_info(stringify!($gf16), wgmma_bwd_tile($gd, $gblock_m)),
                 wgmma_bwd_info(stringify!($gbf16), wgmma_bwd_tile($gd, $gblock_m)),
             )*
-            // The pre-pass: `BWD_PREP_WARPS` warps and at most the stages of head dim 256 (a
+            // The pre-pass: at most the stages of head dim 256 (a
             // launch passes its own head dim's).
-            pass_info(stringify!($prep16), Family::BwdPasses, PREP_THREADS, PREP_SMEM),
-            pass_info(stringify!($prepb16), Family::BwdPasses, PREP_THREADS, PREP_SMEM),
+            pass_info(stringify!($prep16), Family::BwdPasses, BWD_PREP_THREADS, PREP_SMEM),
+            pass_info(stringify!($prepb16), Family::BwdPasses, BWD_PREP_THREADS, PREP_SMEM),
             pass_info(stringify!($conv16), Family::BwdPasses, BWD_AUX_THREADS, 0),
             pass_info(stringify!($convb16), Family::BwdPasses, BWD_AUX_THREADS, 0),
             $(
@@ -374,14 +374,7 @@ macro_rules! registry {
             pass_info(stringify!($mergeb16), Family::DecodePasses, COMBINE_THREADS, 0),
             pass_info(stringify!($append), Family::DecodePasses, APPEND_THREADS, 0),
             $(
-                KernelInfo {
-                    name: stringify!($pad),
-                    family: Family::Layout,
-                    dyn_smem: [0; ARCH_COUNT],
-                    threads: [PAD_THREADS; ARCH_COUNT],
-                    built: [true; ARCH_COUNT],
-                    maxntid: false,
-                },
+                pass_info(stringify!($pad), Family::Layout, PAD_THREADS, 0),
             )*
             probe_info(stringify!($probe16)),
             probe_info(stringify!($probeb16)),
@@ -639,14 +632,12 @@ macro_rules! decode_pass_entry {
     };
 }
 
-/// Threads of the backward's pre-pass.
-const PREP_THREADS: usize = BWD_PREP_WARPS * 32;
 /// Dynamic shared memory the pre-pass is registered with: its stages at head dim 256.
 const PREP_SMEM: usize = bwd_prep_smem(256);
 
 /// A pass kernel of `family` (the backward's pre-pass and dQ conversion, the decode path's
-/// combine, merge and append): the same `threads` and dynamic shared memory (`dyn_smem`
-/// bytes) on every target, no `.maxntid`.
+/// combine, merge and append, the layout kernels): the same `threads` and dynamic shared
+/// memory (`dyn_smem` bytes) on every target, no `.maxntid`.
 const fn pass_info(
     name: &'static str,
     family: Family,
