@@ -8,15 +8,15 @@
 //! `P = 2^(scale_log2·Q·Kᵀ − LSE·log2 e)` is recomputed from the forward's LSE,
 //! `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dK += dSᵀ·Q` and `dQ += dS·K`, all in f32
 //! (the dot products of the scores and of dP accumulated in f64 and rounded once, see
-//! [`dot`]).
+//! [`dots`]).
 //! dK and dV of a key tile are complete (summed over the group's query heads, so GQA needs no
 //! atomics and the result does not depend on the thread count) when its inner loop ends; dQ
 //! lives in an f32 buffer of the job until every key tile has been visited. `scale` is applied
 //! once to dK and dQ at the end.
 //!
 //! The tiles visited and masked are the forward's: a query tile visits the key tiles that
-//! [`CausalMask::key_tiles`] names (inverted once per call into a [`KeySchedule`]), and only
-//! tiles where [`CausalMask::tile_needs_mask`] says so test [`AttnMask::visible`] element by
+//! [`AttnMask::key_tiles`] names (inverted once per call into a [`KeySchedule`]), and only
+//! tiles where [`AttnMask::tile_needs_mask`] says so test [`AttnMask::visible`] element by
 //! element; a masked score is skipped before the exponential, never computed as `0·∞`.
 //!
 //! With attention dropout (Algorithm 4), each (query tile, key tile) draws the forward's mask
@@ -33,7 +33,9 @@ use ndarray::{ArrayViewMut4, Axis, Dim};
 use crate::cpu::alloc;
 use crate::cpu::backward_reference::Gradients;
 use crate::cpu::dropout::{CallDropout, HeadDropout};
-use crate::cpu::online_softmax::{dot, idx, load_rows};
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::online_softmax::with_avx2;
+use crate::cpu::online_softmax::{dots, idx, load_rows};
 use crate::cpu::sequences::{backward_spans, key_padding, rows, stat_rows};
 use crate::cpu::tiled::{run_parallel, BLOCK_M, BLOCK_N};
 use crate::cpu::validate::{check_backward_inputs, check_gradients, check_inputs};
@@ -340,18 +342,18 @@ struct KeyTile {
     keys: usize,
     /// First key of the current key tile.
     key0: usize,
-    /// The current key tile, `keys × d`.
-    k: Vec<f32>,
-    /// The current value tile, `keys × d`.
-    v: Vec<f32>,
+    /// The current key tile, `keys × d`, in f64 (exact, converted once per tile).
+    k: Vec<f64>,
+    /// The current value tile, `keys × d`, in f64 likewise.
+    v: Vec<f64>,
     /// dK of the key tile (without `scale`), `keys × d`.
     dk: Vec<f64>,
     /// dV of the key tile, `keys × d`.
     dv: Vec<f64>,
-    /// The current query rows, `rows × d`.
-    q: Vec<f32>,
-    /// The current rows of dO, `rows × d`.
-    d_o: Vec<f32>,
+    /// The current query rows, `rows × d`, in f64 likewise.
+    q: Vec<f64>,
+    /// The current rows of dO, `rows × d`, in f64 likewise.
+    d_o: Vec<f64>,
     /// `D = rowsum(dO ∘ O)` per query row of every head, `group × Nq`.
     delta: Vec<f32>,
     /// `LSE·log2 e` per query row of every head, `group × Nq`, in f64 (see
@@ -359,6 +361,10 @@ struct KeyTile {
     lse_log2: Vec<f64>,
     /// dQ (without `scale`) of every head, `group × Nq × d`.
     dq: Vec<f64>,
+    /// One query row's raw scores `q·k` against the key tile ([`dots`]), `BLOCK_N`.
+    raw_s: Vec<f32>,
+    /// One query row's `dO·v` against the key tile, `BLOCK_N`.
+    raw_dp: Vec<f32>,
     /// With dropout, `Z` of the current (query tile, key tile), `rows × BLOCK_N`: 1 kept, 0
     /// dropped.
     keep: Vec<u8>,
@@ -368,8 +374,8 @@ impl KeyTile {
     /// Buffers for a job of `shape`; an error (not an abort) when they cannot be allocated.
     fn new(shape: &AttnShape) -> Result<Self> {
         let (d, nq, group) = (shape.head_dim, shape.seqlen_q, shape.group_size());
-        let keys_d = alloc::numel::<f32>(&[BLOCK_N, d], "CPU key tile")?;
-        let rows_d = alloc::numel::<f32>(&[BLOCK_M, d], "CPU query tile")?;
+        let keys_d = alloc::numel::<f64>(&[BLOCK_N, d], "CPU key tile")?;
+        let rows_d = alloc::numel::<f64>(&[BLOCK_M, d], "CPU query tile")?;
         let rows = alloc::numel::<f32>(&[group, nq], "CPU row state")?;
         let dq = alloc::numel::<f64>(&[group, nq, d], "CPU dQ accumulator")?;
         Ok(KeyTile {
@@ -386,6 +392,8 @@ impl KeyTile {
             delta: alloc::filled(rows, 0.0, "CPU row state")?,
             lse_log2: alloc::filled(rows, 0.0, "CPU row state")?,
             dq: alloc::filled(dq, 0.0, "CPU dQ accumulator")?,
+            raw_s: alloc::filled(BLOCK_N, 0.0, "CPU score tile")?,
+            raw_dp: alloc::filled(BLOCK_N, 0.0, "CPU score tile")?,
             keep: alloc::filled(BLOCK_M * BLOCK_N, 0, "CPU dropout tile")?,
         })
     }
@@ -438,6 +446,41 @@ impl KeyTile {
         scores: &CpuScores<M>,
         needs_mask: bool,
     ) {
+        #[cfg(target_arch = "x86_64")]
+        if with_avx2() {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { self.visit_queries_avx2(head, h, rows, scores, needs_mask) };
+        }
+        self.visit_queries_any::<T, M, false>(head, h, rows, scores, needs_mask)
+    }
+
+    /// [`Self::visit_queries`] compiled for AVX2 (see [`with_avx2`]).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn visit_queries_avx2<T: Element, M: AttnMask>(
+        &mut self,
+        head: &QueryHead<T>,
+        h: usize,
+        rows: Range<usize>,
+        scores: &CpuScores<M>,
+        needs_mask: bool,
+    ) {
+        self.visit_queries_any::<T, M, true>(head, h, rows, scores, needs_mask)
+    }
+
+    /// [`Self::visit_queries`] for any CPU (`AVX`: see [`dots`]).
+    #[inline(always)]
+    fn visit_queries_any<T: Element, M: AttnMask, const AVX: bool>(
+        &mut self,
+        head: &QueryHead<T>,
+        h: usize,
+        rows: Range<usize>,
+        scores: &CpuScores<M>,
+        needs_mask: bool,
+    ) {
         let (d, n, key0) = (self.d, self.keys, self.key0);
         load_rows(head.q, rows.clone(), &mut self.q);
         load_rows(head.d_o, rows.clone(), &mut self.d_o);
@@ -452,17 +495,19 @@ impl KeyTile {
             if lse_log2 == f64::NEG_INFINITY {
                 continue;
             }
+            let (raw_s, raw_dp) = (&mut self.raw_s[..n], &mut self.raw_dp[..n]);
+            dots::<AVX>(q_row, &self.k, raw_s);
+            dots::<AVX>(do_row, &self.v, raw_dp);
             let keep = &self.keep[r * BLOCK_N..r * BLOCK_N + n];
-            let keys = self.k.chunks_exact(d).zip(self.v.chunks_exact(d));
+            let keys = self.k.chunks_exact(d).zip(raw_s.iter().zip(raw_dp.iter()));
             let dq_row = &mut self.dq[at * d..(at + 1) * d];
             let parts = self.dk.chunks_exact_mut(d).zip(self.dv.chunks_exact_mut(d));
-            for (c, ((k_row, v_row), (dk_row, dv_row))) in keys.zip(parts).enumerate() {
+            for (c, ((k_row, (&raw_s, &dp)), (dk_row, dv_row))) in keys.zip(parts).enumerate() {
                 if needs_mask && !scores.mask.visible(idx(row), idx(key0 + c)) {
                     continue;
                 }
-                let (logit2, grad) = scores.logit2_and_grad(row, key0 + c, dot(q_row, k_row));
+                let (logit2, grad) = scores.logit2_and_grad(row, key0 + c, raw_s);
                 let p = ((logit2 - lse_log2) as f32).exp2();
-                let dp = dot(do_row, v_row);
                 // Dropout: Z/(1 − p) on the probability that reached O and on its gradient.
                 let (p_out, dp) = match &head.dropout {
                     None => (p, dp),
@@ -493,12 +538,10 @@ impl KeyTile {
     }
 }
 
-/// `y += a·x`, the products exact in f64.
-fn axpy(y: &mut [f64], a: f32, x: &[f32]) {
+/// `y += a·x` for f32 values held in f64, the products exact.
+fn axpy(y: &mut [f64], a: f32, x: &[f64]) {
     let a = f64::from(a);
-    y.iter_mut()
-        .zip(x)
-        .for_each(|(y, &x)| *y += a * f64::from(x));
+    y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
 }
 
 /// Writes `factor·src` (contiguous rows of `d`) to the rows of `dst`, rounded to `T`.

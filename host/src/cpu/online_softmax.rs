@@ -30,10 +30,10 @@ pub(crate) struct QueryTile {
     row0: usize,
     /// Query rows in the tile (≤ `block_m`).
     rows: usize,
-    /// Query rows, `rows × d`, in f32.
-    q: Vec<f32>,
-    /// The current key tile, `keys × d`.
-    k: Vec<f32>,
+    /// Query rows, `rows × d`, in f64 (exact: converted once per tile, not per score).
+    q: Vec<f64>,
+    /// The current key tile, `keys × d`, in f64 likewise.
+    k: Vec<f64>,
     /// The current value tile, `keys × d`.
     v: Vec<f32>,
     /// Base-2 logits of the current tile, `rows × block_n`, in f64 ([`CpuScores::logit2`]):
@@ -42,6 +42,8 @@ pub(crate) struct QueryTile {
     /// near 100 is off by up to 4e-6, about the whole error of the f32 naive attention there,
     /// and dropout's `1/(1 − p)` triples what reaches O). The running maxima stay f32.
     scores: Vec<f64>,
+    /// One row's raw scores `q·k` against the current key tile ([`dots`]), `block_n`.
+    raw: Vec<f32>,
     /// Per row: whether it has seen at least one key the mask shows it.
     seen: Vec<bool>,
     /// Running row maxima of the visible scores (base 2), NaN-propagating; −∞ while a row's
@@ -63,8 +65,8 @@ impl QueryTile {
     /// Buffers for tiles of `block_m` query rows and `block_n` keys of head dim `d`; an error
     /// (not an abort) when they cannot be allocated.
     pub(crate) fn new(block_m: usize, block_n: usize, d: usize) -> Result<Self> {
-        let rows_d = numel::<f32>(&[block_m, d], "CPU query tile")?;
-        let keys_d = numel::<f32>(&[block_n, d], "CPU key tile")?;
+        let rows_d = numel::<f64>(&[block_m, d], "CPU query tile")?;
+        let keys_d = numel::<f64>(&[block_n, d], "CPU key tile")?;
         Ok(QueryTile {
             d,
             block_n,
@@ -74,6 +76,7 @@ impl QueryTile {
             k: with_capacity(keys_d, "CPU key tile")?,
             v: with_capacity(keys_d, "CPU value tile")?,
             scores: filled(block_m * block_n, 0.0, "CPU score tile")?,
+            raw: filled(block_n, 0.0, "CPU score tile")?,
             seen: with_capacity(block_m, "CPU row state")?,
             max: with_capacity(block_m, "CPU row state")?,
             sum: with_capacity(block_m, "CPU row state")?,
@@ -121,6 +124,41 @@ impl QueryTile {
         scores: &CpuScores<M>,
         needs_mask: bool,
     ) {
+        #[cfg(target_arch = "x86_64")]
+        if with_avx2() {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { self.visit_keys_avx2(k, v, keys, scores, needs_mask) };
+        }
+        self.visit_keys_any::<T, M, false>(k, v, keys, scores, needs_mask)
+    }
+
+    /// [`Self::visit_keys`] compiled for AVX2 (see [`with_avx2`]).
+    ///
+    /// # Safety
+    /// The CPU has AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn visit_keys_avx2<T: Element, M: AttnMask>(
+        &mut self,
+        k: ArrayView2<T>,
+        v: ArrayView2<T>,
+        keys: Range<usize>,
+        scores: &CpuScores<M>,
+        needs_mask: bool,
+    ) {
+        self.visit_keys_any::<T, M, true>(k, v, keys, scores, needs_mask)
+    }
+
+    /// [`Self::visit_keys`] for any CPU (`AVX`: see [`dots`]).
+    #[inline(always)]
+    fn visit_keys_any<T: Element, M: AttnMask, const AVX: bool>(
+        &mut self,
+        k: ArrayView2<T>,
+        v: ArrayView2<T>,
+        keys: Range<usize>,
+        scores: &CpuScores<M>,
+        needs_mask: bool,
+    ) {
         let key0 = keys.start;
         let n = keys.len();
         load_rows(k, keys.clone(), &mut self.k);
@@ -135,11 +173,13 @@ impl QueryTile {
             let visible = |c: usize| !needs_mask || scores.mask.visible(idx(row), idx(key0 + c));
             let s = &mut self.scores[r * self.block_n..r * self.block_n + n];
             let q_row = &self.q[r * d..(r + 1) * d];
+            let raw = &mut self.raw[..n];
+            dots::<AVX>(q_row, &self.k, raw);
             let mut any_visible = false;
-            for (c, (s, k_row)) in s.iter_mut().zip(self.k.chunks_exact(d)).enumerate() {
+            for (c, (s, &raw)) in s.iter_mut().zip(raw.iter()).enumerate() {
                 *s = if visible(c) {
                     any_visible = true;
-                    scores.logit2(row, key0 + c, dot(q_row, k_row))
+                    scores.logit2(row, key0 + c, raw)
                 } else {
                     f64::NEG_INFINITY
                 };
@@ -216,6 +256,15 @@ impl QueryTile {
     }
 }
 
+/// Whether the CPU has AVX2, for the hot loops of the CPU backend: each is one function
+/// compiled twice, for any x86-64 CPU and for AVX2 (wider vectors; no fused multiply-add, so
+/// every rounding, and with it every result, is the same in both).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn with_avx2() -> bool {
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
 /// `max` that propagates NaN (`f32::max` returns the other operand, which would hide a NaN
 /// score behind the row's other scores).
 fn max_nan(a: f32, b: f32) -> f32 {
@@ -226,39 +275,216 @@ fn max_nan(a: f32, b: f32) -> f32 {
     }
 }
 
-/// Copies rows `rows` of a `[N, d]` view into `dst` as contiguous f32.
-pub(crate) fn load_rows<T: Element>(src: ArrayView2<T>, rows: Range<usize>, dst: &mut Vec<f32>) {
+/// Copies rows `rows` of a `[N, d]` view into `dst` as contiguous `F` (f32, or f64 for the
+/// operands of [`dot`]: the conversion is exact, done once per tile instead of once per
+/// product).
+pub(crate) fn load_rows<T: Element, F: From<f32>>(
+    src: ArrayView2<T>,
+    rows: Range<usize>,
+    dst: &mut Vec<F>,
+) {
     dst.clear();
     for row in src.slice(s![rows, ..]).outer_iter() {
-        dst.extend(row.iter().map(|x| x.to_f32()));
+        match row.as_slice() {
+            // A contiguous row (the usual layout) as a slice, whose conversion vectorises.
+            Some(row) => dst.extend(row.iter().map(|x| F::from(x.to_f32()))),
+            None => dst.extend(row.iter().map(|x| F::from(x.to_f32()))),
+        }
     }
 }
 
-/// Dot product of f32 rows, accumulated in f64 and rounded to f32 once. The products of f32
-/// values are exact in f64 (as those of f16/bf16 values are in the tensor cores' f32), so a
-/// score is off by half an ulp, not by a rounding per product and per sum: with large queries
-/// and keys an f32 fold misses a score by up to a few ulp (3e-6 at 52 in a failing test
-/// case), which alone can exceed twice the f32 naive attention's error in O and, through the
-/// recomputed P, in the backward's gradients. Four partial sums (elements `i` with the same
-/// `i mod 4`) added in a fixed order: the result does not depend on the machine, and the loop
-/// vectorises (it is no slower than the sequential f32 fold was).
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// Dot product of f32 values held in f64 (see [`load_rows`]), accumulated in f64 and rounded
+/// to f32 once. The products of f32 values are exact in f64 (as those of f16/bf16 values are
+/// in the tensor cores' f32), so a score is off by half an ulp, not by a rounding per product
+/// and per sum: with large queries and keys an f32 fold misses a score by up to a few ulp
+/// (3e-6 at 52 in a failing test case), which alone can exceed twice the f32 naive
+/// attention's error in O and, through the recomputed P, in the backward's gradients. Four
+/// partial sums (elements `i` with the same `i mod 4`) added in a fixed order: the result does
+/// not depend on the machine, and the loop vectorises.
+#[inline(always)]
+pub(crate) fn dot(a: &[f64], b: &[f64]) -> f32 {
     let (a4, b4) = (a.chunks_exact(4), b.chunks_exact(4));
     let tail = a4
         .remainder()
         .iter()
         .zip(b4.remainder())
-        .fold(0.0, |s, (&x, &y)| s + f64::from(x) * f64::from(y));
+        .fold(0.0, |s, (&x, &y)| s + x * y);
     let mut part = [0.0f64; 4];
     for (x, y) in a4.zip(b4) {
         for i in 0..4 {
-            part[i] += f64::from(x[i]) * f64::from(y[i]);
+            part[i] += x[i] * y[i];
         }
     }
     ((part[0] + part[1]) + (part[2] + part[3]) + tail) as f32
 }
 
+/// `out[c] = dot(a, row c of rows)` for the first `out.len()` rows of `rows` (rows of
+/// `a.len()` values), four rows at a time so that each load of `a` serves four products; each
+/// result is the one [`dot`] returns (the same sums in the same order). `AVX`: only in code
+/// compiled for AVX2 ([`with_avx2`]), where the four products run on 256-bit vectors.
+#[inline(always)]
+pub(crate) fn dots<const AVX: bool>(a: &[f64], rows: &[f64], out: &mut [f32]) {
+    let d = a.len();
+    let mut rows = rows.chunks_exact(d);
+    let mut quads = out.chunks_exact_mut(4);
+    for quad in &mut quads {
+        let mut next = || rows.next().expect("a row per result");
+        let four = [next(), next(), next(), next()];
+        #[cfg(target_arch = "x86_64")]
+        if AVX {
+            // SAFETY: `AVX` is set only in code that runs where the CPU has AVX2.
+            quad.copy_from_slice(&unsafe { dot4_avx2(a, four) });
+            continue;
+        }
+        quad.copy_from_slice(&dot4(a, four));
+    }
+    for (out, row) in quads.into_remainder().iter_mut().zip(rows) {
+        *out = dot(a, row);
+    }
+}
+
+/// [`dot`] of `a` with four rows at once.
+#[inline(always)]
+fn dot4(a: &[f64], rows: [&[f64]; 4]) -> [f32; 4] {
+    let n = a.len();
+    let rows = rows.map(|r| &r[..n]);
+    let whole = n - n % 4;
+    let mut part = [[0.0f64; 4]; 4];
+    let [r0, r1, r2, r3] = rows.map(|r| r.chunks_exact(4));
+    for ((((x, y0), y1), y2), y3) in a.chunks_exact(4).zip(r0).zip(r1).zip(r2).zip(r3) {
+        for (part, y) in part.iter_mut().zip([y0, y1, y2, y3]) {
+            for i in 0..4 {
+                part[i] += x[i] * y[i];
+            }
+        }
+    }
+    finish_dot4(a, rows, part, whole)
+}
+
+/// [`dot4`] on AVX2: lane `i` of row `j`'s vector is `part[j][i]` of [`dot4`], summed in the
+/// same order (a product, then a sum: no fused multiply-add).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dot4_avx2(a: &[f64], rows: [&[f64]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::_mm256_storeu_pd;
+    use std::arch::x86_64::{_mm256_add_pd, _mm256_loadu_pd, _mm256_mul_pd, _mm256_setzero_pd};
+    let n = a.len();
+    let rows = rows.map(|r| &r[..n]);
+    let whole = n - n % 4;
+    let mut acc = [_mm256_setzero_pd(); 4];
+    for at in (0..whole).step_by(4) {
+        // SAFETY: `at + 4 <= whole <= n`, the length of `a` and of every row.
+        let x = unsafe { _mm256_loadu_pd(a.as_ptr().add(at)) };
+        for (acc, row) in acc.iter_mut().zip(rows) {
+            // SAFETY: as above.
+            let y = unsafe { _mm256_loadu_pd(row.as_ptr().add(at)) };
+            *acc = _mm256_add_pd(*acc, _mm256_mul_pd(x, y));
+        }
+    }
+    let mut part = [[0.0f64; 4]; 4];
+    for (part, acc) in part.iter_mut().zip(acc) {
+        // SAFETY: four f64 of room.
+        unsafe { _mm256_storeu_pd(part.as_mut_ptr(), acc) };
+    }
+    finish_dot4(a, rows, part, whole)
+}
+
+/// The end of [`dot4`]: each row's partial sums and its tail past `whole`, as [`dot`] ends.
+#[inline(always)]
+fn finish_dot4(a: &[f64], rows: [&[f64]; 4], part: [[f64; 4]; 4], whole: usize) -> [f32; 4] {
+    let mut out = [0.0f32; 4];
+    for ((out, part), row) in out.iter_mut().zip(part).zip(rows) {
+        let tail = a[whole..]
+            .iter()
+            .zip(&row[whole..])
+            .fold(0.0, |s, (&x, &y)| s + x * y);
+        *out = ((part[0] + part[1]) + (part[2] + part[3]) + tail) as f32;
+    }
+    out
+}
+
 /// A row or key index as the mask's `u32`; [`crate::shape::check_shapes`] bounds the sizes.
 pub(crate) fn idx(i: usize) -> u32 {
     i as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{dot, dots};
+
+    /// Values of every magnitude, signs mixed, from a fixed integer sequence (exact in f32).
+    fn values(n: usize, seed: u32) -> Vec<f64> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let mantissa = (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                f64::from(mantissa * 2f32.powi((x % 40) as i32 - 20))
+            })
+            .collect()
+    }
+
+    /// `a` all ones and rows whose terms cancel: `2^60, 1, −2^60, 1` turned by the row's index
+    /// (and the element's chunk), so that the lanes' partial sums are ±2^60 and 1 in different
+    /// lanes: a sum in another order than `dot`'s gives 0, 1 or 2 where it gives another.
+    fn cancelling(d: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+        let big = 2f64.powi(60);
+        let pattern = [big, 1.0, -big, 1.0];
+        let rows = (0..n * d)
+            .map(|at| {
+                let (row, i) = (at / d, at % d);
+                pattern[(i + row + i / 4) % 4]
+            })
+            .collect();
+        (vec![1.0; d], rows)
+    }
+
+    /// Both forms of `dots` (four rows at a time, and on AVX2 where the CPU has it) return
+    /// exactly what `dot` returns for each row: head dims with and without a tail of fewer
+    /// than four, row counts with and without a remainder.
+    #[test]
+    fn dots_equal_dot_bit_for_bit() {
+        for d in [1, 3, 4, 7, 8, 40, 64, 65, 128, 259] {
+            for (n, crafted) in [
+                (1, false),
+                (3, false),
+                (4, true),
+                (5, false),
+                (8, true),
+                (64, false),
+            ] {
+                let (a, rows) = if crafted {
+                    cancelling(d, n)
+                } else {
+                    (values(d, d as u32), values(d * n, (d * n) as u32 + 1))
+                };
+                let want: Vec<u32> = rows.chunks_exact(d).map(|r| dot(&a, r).to_bits()).collect();
+                let mut got = vec![0.0f32; n];
+                dots::<false>(&a, &rows, &mut got);
+                let bits: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+                assert_eq!(bits, want, "portable, d = {d}, n = {n}");
+                #[cfg(target_arch = "x86_64")]
+                if super::with_avx2() {
+                    got.fill(0.0);
+                    // SAFETY: the CPU has AVX2.
+                    unsafe { dots_avx2(&a, &rows, &mut got) };
+                    let bits: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
+                    assert_eq!(bits, want, "AVX2, d = {d}, n = {n}");
+                }
+            }
+        }
+    }
+
+    /// `dots::<true>` compiled for AVX2, as the backend's hot loops call it.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn dots_avx2(a: &[f64], rows: &[f64], out: &mut [f32]) {
+        dots::<true>(a, rows, out)
+    }
 }
