@@ -451,7 +451,8 @@ impl KeyTile {
             // SAFETY: the CPU has AVX2.
             return unsafe { self.visit_queries_avx2(head, h, rows, scores, needs_mask) };
         }
-        self.visit_queries_any::<T, M, false>(head, h, rows, scores, needs_mask)
+        // SAFETY: without AVX2 code.
+        unsafe { self.visit_queries_any::<T, M, false>(head, h, rows, scores, needs_mask) }
     }
 
     /// [`Self::visit_queries`] compiled for AVX2 (see [`with_avx2`]).
@@ -468,12 +469,16 @@ impl KeyTile {
         scores: &CpuScores<M>,
         needs_mask: bool,
     ) {
-        self.visit_queries_any::<T, M, true>(head, h, rows, scores, needs_mask)
+        // SAFETY: the caller's CPU has AVX2.
+        unsafe { self.visit_queries_any::<T, M, true>(head, h, rows, scores, needs_mask) }
     }
 
     /// [`Self::visit_queries`] for any CPU (`AVX`: see [`dots`]).
+    ///
+    /// # Safety
+    /// With `AVX`, the CPU has AVX2.
     #[inline(always)]
-    fn visit_queries_any<T: Element, M: AttnMask, const AVX: bool>(
+    unsafe fn visit_queries_any<T: Element, M: AttnMask, const AVX: bool>(
         &mut self,
         head: &QueryHead<T>,
         h: usize,
@@ -496,8 +501,11 @@ impl KeyTile {
                 continue;
             }
             let (raw_s, raw_dp) = (&mut self.raw_s[..n], &mut self.raw_dp[..n]);
-            dots::<AVX>(q_row, &self.k, raw_s);
-            dots::<AVX>(do_row, &self.v, raw_dp);
+            // SAFETY: with `AVX`, the CPU has AVX2 (this function's contract).
+            unsafe {
+                dots::<AVX>(q_row, &self.k, raw_s);
+                dots::<AVX>(do_row, &self.v, raw_dp);
+            }
             let keep = &self.keep[r * BLOCK_N..r * BLOCK_N + n];
             let keys = self.k.chunks_exact(d).zip(raw_s.iter().zip(raw_dp.iter()));
             let dq_row = &mut self.dq[at * d..(at + 1) * d];

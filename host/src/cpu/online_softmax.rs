@@ -129,7 +129,8 @@ impl QueryTile {
             // SAFETY: the CPU has AVX2.
             return unsafe { self.visit_keys_avx2(k, v, keys, scores, needs_mask) };
         }
-        self.visit_keys_any::<T, M, false>(k, v, keys, scores, needs_mask)
+        // SAFETY: without AVX2 code.
+        unsafe { self.visit_keys_any::<T, M, false>(k, v, keys, scores, needs_mask) }
     }
 
     /// [`Self::visit_keys`] compiled for AVX2 (see [`with_avx2`]).
@@ -146,12 +147,16 @@ impl QueryTile {
         scores: &CpuScores<M>,
         needs_mask: bool,
     ) {
-        self.visit_keys_any::<T, M, true>(k, v, keys, scores, needs_mask)
+        // SAFETY: the caller's CPU has AVX2.
+        unsafe { self.visit_keys_any::<T, M, true>(k, v, keys, scores, needs_mask) }
     }
 
     /// [`Self::visit_keys`] for any CPU (`AVX`: see [`dots`]).
+    ///
+    /// # Safety
+    /// With `AVX`, the CPU has AVX2.
     #[inline(always)]
-    fn visit_keys_any<T: Element, M: AttnMask, const AVX: bool>(
+    unsafe fn visit_keys_any<T: Element, M: AttnMask, const AVX: bool>(
         &mut self,
         k: ArrayView2<T>,
         v: ArrayView2<T>,
@@ -174,7 +179,8 @@ impl QueryTile {
             let s = &mut self.scores[r * self.block_n..r * self.block_n + n];
             let q_row = &self.q[r * d..(r + 1) * d];
             let raw = &mut self.raw[..n];
-            dots::<AVX>(q_row, &self.k, raw);
+            // SAFETY: with `AVX`, the CPU has AVX2 (this function's contract).
+            unsafe { dots::<AVX>(q_row, &self.k, raw) };
             let mut any_visible = false;
             for (c, (s, &raw)) in s.iter_mut().zip(raw.iter()).enumerate() {
                 *s = if visible(c) {
@@ -285,11 +291,7 @@ pub(crate) fn load_rows<T: Element, F: From<f32>>(
 ) {
     dst.clear();
     for row in src.slice(s![rows, ..]).outer_iter() {
-        match row.as_slice() {
-            // A contiguous row (the usual layout) as a slice, whose conversion vectorises.
-            Some(row) => dst.extend(row.iter().map(|x| F::from(x.to_f32()))),
-            None => dst.extend(row.iter().map(|x| F::from(x.to_f32()))),
-        }
+        dst.extend(row.iter().map(|x| F::from(x.to_f32())));
     }
 }
 
@@ -322,8 +324,11 @@ pub(crate) fn dot(a: &[f64], b: &[f64]) -> f32 {
 /// `a.len()` values), four rows at a time so that each load of `a` serves four products; each
 /// result is the one [`dot`] returns (the same sums in the same order). `AVX`: only in code
 /// compiled for AVX2 ([`with_avx2`]), where the four products run on 256-bit vectors.
+///
+/// # Safety
+/// With `AVX`, the CPU has AVX2.
 #[inline(always)]
-pub(crate) fn dots<const AVX: bool>(a: &[f64], rows: &[f64], out: &mut [f32]) {
+pub(crate) unsafe fn dots<const AVX: bool>(a: &[f64], rows: &[f64], out: &mut [f32]) {
     let d = a.len();
     let mut rows = rows.chunks_exact(d);
     let mut quads = out.chunks_exact_mut(4);
@@ -332,7 +337,7 @@ pub(crate) fn dots<const AVX: bool>(a: &[f64], rows: &[f64], out: &mut [f32]) {
         let four = [next(), next(), next(), next()];
         #[cfg(target_arch = "x86_64")]
         if AVX {
-            // SAFETY: `AVX` is set only in code that runs where the CPU has AVX2.
+            // SAFETY: with `AVX`, the CPU has AVX2 (this function's contract).
             quad.copy_from_slice(&unsafe { dot4_avx2(a, four) });
             continue;
         }
@@ -466,7 +471,8 @@ mod tests {
                 };
                 let want: Vec<u32> = rows.chunks_exact(d).map(|r| dot(&a, r).to_bits()).collect();
                 let mut got = vec![0.0f32; n];
-                dots::<false>(&a, &rows, &mut got);
+                // SAFETY: the portable form.
+                unsafe { dots::<false>(&a, &rows, &mut got) };
                 let bits: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
                 assert_eq!(bits, want, "portable, d = {d}, n = {n}");
                 #[cfg(target_arch = "x86_64")]
@@ -485,6 +491,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn dots_avx2(a: &[f64], rows: &[f64], out: &mut [f32]) {
-        dots::<true>(a, rows, out)
+        // SAFETY: the caller's CPU has AVX2.
+        unsafe { dots::<true>(a, rows, out) }
     }
 }
