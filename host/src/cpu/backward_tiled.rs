@@ -8,10 +8,12 @@
 //! `P = 2^(scale_log2·Q·Kᵀ − LSE·log2 e)` is recomputed from the forward's LSE,
 //! `dV += Pᵀ·dO`, `dP = dO·Vᵀ`, `dS = P ∘ (dP − D)`, `dK += dSᵀ·Q` and `dQ += dS·K`, all in f32
 //! (the dot products of the scores and of dP accumulated in f64 and rounded once, see
-//! [`dots`]).
+//! [`dots`]). The gradients' terms are computed for [`GROUP`] query rows at a time and then
+//! added, in the same order as row by row and key by key, up to four per pass over an
+//! accumulator row ([`Terms`]): the sums are bit for bit those of one term at a time.
 //! dK and dV of a key tile are complete (summed over the group's query heads, so GQA needs no
 //! atomics and the result does not depend on the thread count) when its inner loop ends; dQ
-//! lives in an f32 buffer of the job until every key tile has been visited. `scale` is applied
+//! lives in an f64 buffer of the job until every key tile has been visited. `scale` is applied
 //! once to dK and dQ at the end.
 //!
 //! The tiles visited and masked are the forward's: a query tile visits the key tiles that
@@ -368,6 +370,13 @@ struct KeyTile {
     /// With dropout, `Z` of the current (query tile, key tile), `rows × BLOCK_N`: 1 kept, 0
     /// dropped.
     keep: Vec<u8>,
+    /// A group of [`GROUP`] query rows' terms against the key tile, `GROUP × BLOCK_N` each:
+    /// what goes into dV (`P`, times `Z/(1 − p)` with dropout), what goes into dK and dQ
+    /// (`dS` times the score modifier's derivative), and whether the pair adds at all (the
+    /// row saw keys in the forward pass and the mask shows it the key).
+    group_p: Vec<f32>,
+    group_ds: Vec<f32>,
+    group_adds: Vec<bool>,
 }
 
 impl KeyTile {
@@ -395,6 +404,9 @@ impl KeyTile {
             raw_s: alloc::filled(BLOCK_N, 0.0, "CPU score tile")?,
             raw_dp: alloc::filled(BLOCK_N, 0.0, "CPU score tile")?,
             keep: alloc::filled(BLOCK_M * BLOCK_N, 0, "CPU dropout tile")?,
+            group_p: alloc::filled(GROUP * BLOCK_N, 0.0, "CPU score tile")?,
+            group_ds: alloc::filled(GROUP * BLOCK_N, 0.0, "CPU score tile")?,
+            group_adds: alloc::filled(GROUP * BLOCK_N, false, "CPU score tile")?,
         })
     }
 
@@ -492,42 +504,78 @@ impl KeyTile {
         if let Some(dropout) = &head.dropout {
             dropout.fill(rows.clone(), key0..key0 + n, &mut self.keep, BLOCK_N);
         }
-        let q_rows = self.q.chunks_exact(d).zip(self.d_o.chunks_exact(d));
-        for (r, (row, (q_row, do_row))) in rows.zip(q_rows).enumerate() {
-            let at = h * self.seqlen_q + row;
-            let (lse_log2, delta) = (self.lse_log2[at], self.delta[at]);
-            // LSE = −∞: the row saw no key in the forward pass; P = 0, it adds nothing.
-            if lse_log2 == f64::NEG_INFINITY {
-                continue;
-            }
-            let (raw_s, raw_dp) = (&mut self.raw_s[..n], &mut self.raw_dp[..n]);
-            // SAFETY: with `AVX`, the CPU has AVX2 (this function's contract).
-            unsafe {
-                dots::<AVX>(q_row, &self.k, raw_s);
-                dots::<AVX>(do_row, &self.v, raw_dp);
-            }
-            let keep = &self.keep[r * BLOCK_N..r * BLOCK_N + n];
-            let keys = self.k.chunks_exact(d).zip(raw_s.iter().zip(raw_dp.iter()));
-            let dq_row = &mut self.dq[at * d..(at + 1) * d];
-            let parts = self.dk.chunks_exact_mut(d).zip(self.dv.chunks_exact_mut(d));
-            for (c, ((k_row, (&raw_s, &dp)), (dk_row, dv_row))) in keys.zip(parts).enumerate() {
-                if needs_mask && !scores.mask.visible(idx(row), idx(key0 + c)) {
+        // Rows in groups of `GROUP`: each group's terms first, then every accumulator takes
+        // them in the order the row-by-row, key-by-key loop would add them (dK and dV by
+        // row, dQ by key), up to four terms per pass over it (see `Terms`).
+        let first = rows.start;
+        for g0 in rows.clone().step_by(GROUP) {
+            let group = g0..(g0 + GROUP).min(rows.end);
+            for (g, row) in group.clone().enumerate() {
+                let r = row - first;
+                let at = h * self.seqlen_q + row;
+                let (lse_log2, delta) = (self.lse_log2[at], self.delta[at]);
+                let terms = g * BLOCK_N..g * BLOCK_N + n;
+                let adds = &mut self.group_adds[terms.clone()];
+                // LSE = −∞: the row saw no key in the forward pass; P = 0, it adds nothing.
+                if lse_log2 == f64::NEG_INFINITY {
+                    adds.fill(false);
                     continue;
                 }
-                let (logit2, grad) = scores.logit2_and_grad(row, key0 + c, raw_s);
-                let p = ((logit2 - lse_log2) as f32).exp2();
-                // Dropout: Z/(1 − p) on the probability that reached O and on its gradient.
-                let (p_out, dp) = match &head.dropout {
-                    None => (p, dp),
-                    Some(dropout) => {
-                        let z = f32::from(keep[c]) * dropout.scale;
-                        (p * z, dp * z)
+                let (q_row, do_row) = (&self.q[r * d..(r + 1) * d], &self.d_o[r * d..(r + 1) * d]);
+                let (raw_s, raw_dp) = (&mut self.raw_s[..n], &mut self.raw_dp[..n]);
+                // SAFETY: with `AVX`, the CPU has AVX2 (this function's contract).
+                unsafe {
+                    dots::<AVX>(q_row, &self.k, raw_s);
+                    dots::<AVX>(do_row, &self.v, raw_dp);
+                }
+                let keep = &self.keep[r * BLOCK_N..r * BLOCK_N + n];
+                let (ps, dss) = (&mut self.group_p[terms.clone()], &mut self.group_ds[terms]);
+                for c in 0..n {
+                    adds[c] = !needs_mask || scores.mask.visible(idx(row), idx(key0 + c));
+                    if !adds[c] {
+                        continue;
                     }
-                };
-                let ds = p * (dp - delta) * grad;
-                axpy(dv_row, p_out, do_row);
-                axpy(dk_row, ds, q_row);
-                axpy(dq_row, ds, k_row);
+                    let (logit2, grad) = scores.logit2_and_grad(row, key0 + c, raw_s[c]);
+                    let p = ((logit2 - lse_log2) as f32).exp2();
+                    // Dropout: Z/(1 − p) on the probability that reached O and on its gradient.
+                    let (p_out, dp) = match &head.dropout {
+                        None => (p, raw_dp[c]),
+                        Some(dropout) => {
+                            let z = f32::from(keep[c]) * dropout.scale;
+                            (p * z, raw_dp[c] * z)
+                        }
+                    };
+                    ps[c] = p_out;
+                    dss[c] = p * (dp - delta) * grad;
+                }
+            }
+            // dK and dV of each key: the group's rows in order.
+            let parts = self.dk.chunks_exact_mut(d).zip(self.dv.chunks_exact_mut(d));
+            for (c, (dk_row, dv_row)) in parts.take(n).enumerate() {
+                let (mut to_dk, mut to_dv) = (Terms::new(), Terms::new());
+                for (g, row) in group.clone().enumerate() {
+                    let t = g * BLOCK_N + c;
+                    if self.group_adds[t] {
+                        let r = row - first;
+                        to_dv.add(dv_row, self.group_p[t], &self.d_o[r * d..(r + 1) * d]);
+                        to_dk.add(dk_row, self.group_ds[t], &self.q[r * d..(r + 1) * d]);
+                    }
+                }
+                to_dv.flush(dv_row);
+                to_dk.flush(dk_row);
+            }
+            // dQ of each row: the keys in order.
+            for (g, row) in group.clone().enumerate() {
+                let at = h * self.seqlen_q + row;
+                let dq_row = &mut self.dq[at * d..(at + 1) * d];
+                let mut to_dq = Terms::new();
+                for (c, k_row) in self.k.chunks_exact(d).take(n).enumerate() {
+                    let t = g * BLOCK_N + c;
+                    if self.group_adds[t] {
+                        to_dq.add(dq_row, self.group_ds[t], k_row);
+                    }
+                }
+                to_dq.flush(dq_row);
             }
         }
     }
@@ -546,10 +594,54 @@ impl KeyTile {
     }
 }
 
-/// `y += a·x` for f32 values held in f64, the products exact.
-fn axpy(y: &mut [f64], a: f32, x: &[f64]) {
-    let a = f64::from(a);
-    y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
+/// Query rows whose terms [`KeyTile::visit_queries`] computes before adding them.
+const GROUP: usize = 4;
+
+/// Up to four pending terms `a·x` of one accumulator `y`, added in the order they came: the
+/// fourth adds all four in one pass over `y` (each element `((y + a₀x₀) + a₁x₁) + …`, the
+/// sums one at a time added, bit for bit), and [`Terms::flush`] adds what is left one by one.
+/// One pass instead of four saves three loads and stores of `y` per element.
+struct Terms<'x> {
+    a: [f64; 4],
+    x: [&'x [f64]; 4],
+    len: usize,
+}
+
+impl<'x> Terms<'x> {
+    /// No term.
+    #[inline(always)]
+    fn new() -> Self {
+        Terms {
+            a: [0.0; 4],
+            x: [&[]; 4],
+            len: 0,
+        }
+    }
+
+    /// Takes the term `a·x` of `y` (f32 values held in f64: the product is exact).
+    #[inline(always)]
+    fn add(&mut self, y: &mut [f64], a: f32, x: &'x [f64]) {
+        self.a[self.len] = f64::from(a);
+        self.x[self.len] = x;
+        self.len += 1;
+        if self.len == 4 {
+            let [a0, a1, a2, a3] = self.a;
+            let [x0, x1, x2, x3] = self.x.map(|x| &x[..y.len()]);
+            for j in 0..y.len() {
+                y[j] = y[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j];
+            }
+            self.len = 0;
+        }
+    }
+
+    /// Adds the pending terms, in order.
+    #[inline(always)]
+    fn flush(&mut self, y: &mut [f64]) {
+        for (&a, x) in self.a.iter().zip(self.x).take(self.len) {
+            y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
+        }
+        self.len = 0;
+    }
 }
 
 /// Writes `factor·src` (contiguous rows of `d`) to the rows of `dst`, rounded to `T`.
@@ -559,5 +651,59 @@ fn store_rows<T: Element>(mut dst: ArrayViewMut2<T>, src: &[f64], d: usize, fact
         row.iter_mut()
             .zip(src)
             .for_each(|(x, &y)| *x = T::from_f32((factor * y) as f32));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Terms;
+
+    /// Values of every magnitude (2^-20 to 2^20), signs mixed, from a fixed integer sequence,
+    /// exact in f32.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let mantissa = (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
+                mantissa * 2f32.powi((x % 40) as i32 - 20)
+            })
+            .collect()
+    }
+
+    /// `Terms` adds each term in the order given, bit for bit as one `y += a·x` at a time,
+    /// with whole groups of four and a remainder, on values whose sums round differently in
+    /// any other order (each of the five other groupings of a group's sum, and swapping two
+    /// terms, made this test fail).
+    #[test]
+    fn terms_add_in_order_bit_for_bit() {
+        let d = 256;
+        for count in [0usize, 1, 3, 4, 5, 8, 11] {
+            let coefs = values(count, 7 + count as u32);
+            let xs: Vec<Vec<f64>> = (0..count)
+                .map(|t| {
+                    values(d, 100 + t as u32)
+                        .into_iter()
+                        .map(f64::from)
+                        .collect()
+                })
+                .collect();
+            let mut want: Vec<f64> = values(d, 99).into_iter().map(f64::from).collect();
+            let mut got = want.clone();
+            for (&a, x) in coefs.iter().zip(&xs) {
+                want.iter_mut()
+                    .zip(x)
+                    .for_each(|(y, &x)| *y += f64::from(a) * x);
+            }
+            let mut terms = Terms::new();
+            for (&a, x) in coefs.iter().zip(&xs) {
+                terms.add(&mut got, a, x);
+            }
+            terms.flush(&mut got);
+            let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{count} terms");
+        }
     }
 }
