@@ -657,21 +657,7 @@ fn store_rows<T: Element>(mut dst: ArrayViewMut2<T>, src: &[f64], d: usize, fact
 #[cfg(test)]
 mod tests {
     use super::Terms;
-
-    /// Values of every magnitude (2^-20 to 2^20), signs mixed, from a fixed integer sequence,
-    /// exact in f32.
-    fn values(n: usize, seed: u32) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                let mantissa = (x >> 8) as f32 / (1u32 << 24) as f32 - 0.5;
-                mantissa * 2f32.powi((x % 40) as i32 - 20)
-            })
-            .collect()
-    }
+    use crate::cpu::online_softmax::tests::values;
 
     /// `Terms` adds each term in the order given, bit for bit as one `y += a·x` at a time,
     /// with whole groups of four and a remainder, on values whose sums round differently in
@@ -681,16 +667,13 @@ mod tests {
     fn terms_add_in_order_bit_for_bit() {
         let d = 256;
         for count in [0usize, 1, 3, 4, 5, 8, 11] {
-            let coefs = values(count, 7 + count as u32);
-            let xs: Vec<Vec<f64>> = (0..count)
-                .map(|t| {
-                    values(d, 100 + t as u32)
-                        .into_iter()
-                        .map(f64::from)
-                        .collect()
-                })
+            // The values are exact in f32.
+            let coefs: Vec<f32> = values(count, 7 + count as u32)
+                .into_iter()
+                .map(|a| a as f32)
                 .collect();
-            let mut want: Vec<f64> = values(d, 99).into_iter().map(f64::from).collect();
+            let xs: Vec<Vec<f64>> = (0..count).map(|t| values(d, 100 + t as u32)).collect();
+            let mut want = values(d, 99);
             let mut got = want.clone();
             for (&a, x) in coefs.iter().zip(&xs) {
                 want.iter_mut()

@@ -418,11 +418,11 @@ pub(crate) fn idx(i: usize) -> u32 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::{dot, dots};
 
     /// Values of every magnitude, signs mixed, from a fixed integer sequence (exact in f32).
-    fn values(n: usize, seed: u32) -> Vec<f64> {
+    pub(crate) fn values(n: usize, seed: u32) -> Vec<f64> {
         let mut x = seed.wrapping_mul(0x9e37_79b9) | 1;
         (0..n)
             .map(|_| {
