@@ -552,30 +552,29 @@ impl KeyTile {
             // dK and dV of each key: the group's rows in order.
             let parts = self.dk.chunks_exact_mut(d).zip(self.dv.chunks_exact_mut(d));
             for (c, (dk_row, dv_row)) in parts.take(n).enumerate() {
-                let (mut to_dk, mut to_dv) = (Terms::new(), Terms::new());
+                let (mut to_dk, mut to_dv) = (Terms::of(dk_row), Terms::of(dv_row));
                 for (g, row) in group.clone().enumerate() {
                     let t = g * BLOCK_N + c;
                     if self.group_adds[t] {
                         let r = row - first;
-                        to_dv.add(dv_row, self.group_p[t], &self.d_o[r * d..(r + 1) * d]);
-                        to_dk.add(dk_row, self.group_ds[t], &self.q[r * d..(r + 1) * d]);
+                        to_dv.add(self.group_p[t], &self.d_o[r * d..(r + 1) * d]);
+                        to_dk.add(self.group_ds[t], &self.q[r * d..(r + 1) * d]);
                     }
                 }
-                to_dv.flush(dv_row);
-                to_dk.flush(dk_row);
+                to_dv.finish();
+                to_dk.finish();
             }
             // dQ of each row: the keys in order.
             for (g, row) in group.clone().enumerate() {
                 let at = h * self.seqlen_q + row;
-                let dq_row = &mut self.dq[at * d..(at + 1) * d];
-                let mut to_dq = Terms::new();
+                let mut to_dq = Terms::of(&mut self.dq[at * d..(at + 1) * d]);
                 for (c, k_row) in self.k.chunks_exact(d).take(n).enumerate() {
                     let t = g * BLOCK_N + c;
                     if self.group_adds[t] {
-                        to_dq.add(dq_row, self.group_ds[t], k_row);
+                        to_dq.add(self.group_ds[t], k_row);
                     }
                 }
-                to_dq.flush(dq_row);
+                to_dq.finish();
             }
         }
     }
@@ -597,38 +596,42 @@ impl KeyTile {
 /// Query rows whose terms [`KeyTile::visit_queries`] computes before adding them.
 const GROUP: usize = 4;
 
-/// Up to four pending terms `a·x` of one accumulator `y`, added in the order they came: the
-/// fourth adds all four in one pass over `y` (each element `((y + a₀x₀) + a₁x₁) + …`, the
-/// sums one at a time added, bit for bit), and [`Terms::flush`] adds what is left one by one.
-/// One pass instead of four saves three loads and stores of `y` per element.
-struct Terms<'x> {
+/// The terms `a·x` of one accumulator row `y`, added in the order they come: every fourth
+/// term adds the four pending ones in one pass over `y` (each element
+/// `((y + a₀x₀) + a₁x₁) + …`, bit for bit the sums of one term at a time), and
+/// [`Terms::finish`] adds what is left one by one. One pass instead of four saves three loads
+/// and stores of `y` per element.
+struct Terms<'y, 'x> {
+    y: &'y mut [f64],
     a: [f64; 4],
     x: [&'x [f64]; 4],
     len: usize,
 }
 
-impl<'x> Terms<'x> {
-    /// No term.
+impl<'y, 'x> Terms<'y, 'x> {
+    /// No term yet of `y`.
     #[inline(always)]
-    fn new() -> Self {
+    fn of(y: &'y mut [f64]) -> Self {
         Terms {
+            y,
             a: [0.0; 4],
             x: [&[]; 4],
             len: 0,
         }
     }
 
-    /// Takes the term `a·x` of `y` (f32 values held in f64: the product is exact).
+    /// Takes the term `a·x` (f32 values held in f64: the product is exact).
     #[inline(always)]
-    fn add(&mut self, y: &mut [f64], a: f32, x: &'x [f64]) {
+    fn add(&mut self, a: f32, x: &'x [f64]) {
         self.a[self.len] = f64::from(a);
         self.x[self.len] = x;
         self.len += 1;
         if self.len == 4 {
             let [a0, a1, a2, a3] = self.a;
-            let [x0, x1, x2, x3] = self.x.map(|x| &x[..y.len()]);
-            for j in 0..y.len() {
-                y[j] = y[j] + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j];
+            let n = self.y.len();
+            let [x0, x1, x2, x3] = self.x.map(|x| &x[..n]);
+            for (j, y) in self.y.iter_mut().enumerate() {
+                *y = *y + a0 * x0[j] + a1 * x1[j] + a2 * x2[j] + a3 * x3[j];
             }
             self.len = 0;
         }
@@ -636,11 +639,10 @@ impl<'x> Terms<'x> {
 
     /// Adds the pending terms, in order.
     #[inline(always)]
-    fn flush(&mut self, y: &mut [f64]) {
+    fn finish(self) {
         for (&a, x) in self.a.iter().zip(self.x).take(self.len) {
-            y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
+            self.y.iter_mut().zip(x).for_each(|(y, &x)| *y += a * x);
         }
-        self.len = 0;
     }
 }
 
@@ -680,11 +682,11 @@ mod tests {
                     .zip(x)
                     .for_each(|(y, &x)| *y += f64::from(a) * x);
             }
-            let mut terms = Terms::new();
+            let mut terms = Terms::of(&mut got);
             for (&a, x) in coefs.iter().zip(&xs) {
-                terms.add(&mut got, a, x);
+                terms.add(a, x);
             }
-            terms.flush(&mut got);
+            terms.finish();
             let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{count} terms");
         }
