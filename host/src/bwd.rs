@@ -291,7 +291,7 @@ fn run_backward<T: Element>(
     let hq = shape.heads_q;
     let fast = mode == BwdMode::Fast;
     let orders = KeyTileOrders::of(dev, params, shape, (fast, tile.block_n, padded_d), runs)?;
-    let mask = DeviceMask::with_extra(dev, params, shape, &orders.words)?;
+    let mask = DeviceMask::with_orders(dev, params, shape, &orders.orders)?;
     // D has LSE's layout: [B, Hq, Nq], or [Hq, total_q] for a varlen batch.
     let delta = DeviceTensor::<f32>::uninit(dev, lse.shape())?;
     let base = BwdParams {
@@ -377,7 +377,7 @@ fn run_backward<T: Element>(
             dq_order: turns.as_ref().map_or(0, |t| t.device_address(dev)),
             order_heads,
             dropout: run.dropout(dropout),
-            key_tile_order: orders.words_after_bits(i, run_mask.mask_bits, mask.extra_at),
+            key_tile_order: orders.words_after_bits(i, run_mask.mask_bits, mask.orders_at),
             ..base
         };
         let aux_grid = bwd_aux_grid(run.count * len_q, hq, padded_d);

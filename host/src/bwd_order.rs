@@ -7,6 +7,7 @@
 //! Longest first, the last blocks are the short ones.
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 
 use flash_attn_kernels::params::SeqDims;
 
@@ -15,15 +16,16 @@ use crate::error::Result;
 use crate::params::AttnParams;
 use crate::seqs::SeqRun;
 use crate::shape::AttnShape;
-use crate::sparse::{BlockMask, BLOCK};
+use crate::sparse::{BlockMask, OrderKey, BLOCK};
 
-/// The key tile orders of a backward call's launches, uploaded after the mask's words (the
-/// call's one copy of launch data, `crate::mask::DeviceMask::with_extra`).
+/// The key tile orders of a backward call's launches, kept on the device after the mask's
+/// words (`crate::mask::DeviceMask::with_orders`).
 #[derive(Default)]
 pub(crate) struct KeyTileOrders {
-    /// Every launch's order, one after the other.
-    pub words: Vec<u32>,
-    /// Where in `words` each run's order starts (`None`: grid order).
+    /// The orders with their keys, laid one after the other on the device.
+    pub orders: Vec<(OrderKey, Arc<[u32]>)>,
+    /// Where, in words after the first order's start, each run's order starts (`None`: grid
+    /// order).
     starts: Vec<Option<usize>>,
 }
 
@@ -48,13 +50,14 @@ impl KeyTileOrders {
         let causal = params
             .mask_args(shape.head_dim, shape.heads_q, 0, 0)?
             .causal();
-        let mut orders = Self::default();
+        let (mut orders, mut at) = (Self::default(), 0);
         for run in runs {
             if run.len_q == 0 || run.len_k == 0 {
                 orders.starts.push(None);
                 continue;
             }
             let dims = run.dims(shape, padded_d);
+            let key = order_key(&dims, run.first, causal, block_n as u32);
             let order = key_tile_order(mask, &dims, run.first, causal, block_n as u32);
             // Grid order itself (every key tile visits as many blocks: a dense mask, or one
             // that repeats by column) is launched as such, without the order's loads.
@@ -67,8 +70,9 @@ impl KeyTileOrders {
                 orders.starts.push(None);
                 continue;
             }
-            orders.starts.push(Some(orders.words.len()));
-            orders.words.extend_from_slice(&order);
+            orders.starts.push(Some(at));
+            at += order.len();
+            orders.orders.push((key, order));
         }
         Ok(orders)
     }
@@ -103,8 +107,14 @@ pub(crate) fn key_tile_order(
     first: usize,
     causal: bool,
     block_n: u32,
-) -> std::sync::Arc<[u32]> {
-    let key = [
+) -> Arc<[u32]> {
+    let key = order_key(dims, first, causal, block_n);
+    mask.tile_order(key, || order(mask, dims, first, causal, block_n))
+}
+
+/// What names [`key_tile_order`]'s order among a mask's orders.
+fn order_key(dims: &SeqDims, first: usize, causal: bool, block_n: u32) -> OrderKey {
+    [
         dims.batch,
         dims.heads_q,
         dims.seqlen_q,
@@ -113,8 +123,7 @@ pub(crate) fn key_tile_order(
         dims.heads_kv,
         block_n,
         u32::from(causal) | BACKWARD_KEY_TILES,
-    ];
-    mask.tile_order(key, || order(mask, dims, first, causal, block_n))
+    ]
 }
 
 /// [`key_tile_order`]'s order, computed.
@@ -243,7 +252,7 @@ mod tests {
     #[test]
     fn runs_find_their_order_after_their_bits() {
         let orders = KeyTileOrders {
-            words: vec![0; 10],
+            orders: Vec::new(),
             starts: vec![Some(0), None, Some(6)],
         };
         let (bits, words) = (0x1000, 0x1000 + 4 * 40);

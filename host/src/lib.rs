@@ -20,6 +20,7 @@ mod mask;
 pub mod params;
 mod pool;
 pub mod probe;
+mod resident;
 mod scratch;
 pub mod seqs;
 pub mod shape;

@@ -11,28 +11,44 @@ use flash_attn_kernels::registry::MaskKind;
 use crate::device::Device;
 use crate::error::{FlashError, Result};
 use crate::params::AttnParams;
+use crate::resident::DeviceWords;
 use crate::scratch::{LaunchBytes, ScratchUpload};
 use crate::shape::AttnShape;
+use crate::sparse::OrderKey;
+use std::sync::Arc;
 
-/// Where a call's mask data sits in its launch data ([`LaunchBytes`]): the ALiBi slopes and
-/// the bit mask's words (the block mask's or the tree's), with `extra` words right after
-/// them (the forward's tile orders, the backward's key tile orders). The device addresses,
-/// and so the kernels' arguments, come once the launch data is uploaded
-/// ([`StagedMask::args`]).
+/// Where a call's mask data sits: the ALiBi slopes and a tree mask's words in its launch data
+/// ([`LaunchBytes`]), a block mask's words, with the call's tile orders right after them,
+/// on the device already ([`BlockMask::on_device`]). The device addresses, and so the
+/// kernels' arguments, come once the launch data is uploaded ([`StagedMask::args`]).
 pub(crate) struct StagedMask {
     slopes: Option<usize>,
-    words: Option<usize>,
-    extra: Option<usize>,
+    bits: Option<Bits>,
 }
+
+/// Where the bit mask's words are.
+enum Bits {
+    /// A tree mask's, in the launch data at this offset.
+    Staged(usize),
+    /// A block mask's, on the device, and where the orders after them start (0: none).
+    Resident(DeviceWords, u64),
+}
+
+/// The tile orders of a call's launches over its block mask, each with the key that names it
+/// among the mask's orders (`crate::fwd::tile_order`, `crate::bwd_order`), to be laid one
+/// after the other after the mask's words.
+pub(crate) type CallOrders = [(OrderKey, Arc<[u32]>)];
 
 impl StagedMask {
     /// Checks `params`' masks for a call of `shape` (a varlen batch's longest lengths; the
-    /// block mask is checked against them) and appends their data to `data`, with `extra`
-    /// words after the bit mask's when the call has one.
+    /// block mask is checked against them), appends the slopes and a tree mask's words to
+    /// `data`, and finds a block mask's words, with `orders` after them, on the device
+    /// (uploaded there by the first call that needs them).
     pub(crate) fn stage(
+        dev: &Device,
         params: &AttnParams,
         shape: &AttnShape,
-        extra: &[u32],
+        orders: &CallOrders,
         data: &mut LaunchBytes,
     ) -> Result<Self> {
         params.check_masks(shape.batch, shape.heads_q)?;
@@ -40,36 +56,37 @@ impl StagedMask {
         let slopes = params
             .alibi_slopes
             .map(|s| data.push_words(s.iter().map(|x| x.to_bits())));
-        let words = params
-            .mask_words()
-            .map(|w| data.push_words(w.iter().copied()));
-        let extra = match words {
-            Some(_) if !extra.is_empty() => Some(data.push_words(extra.iter().copied())),
-            _ => None,
+        let bits = match (params.block_mask, params.tree_mask) {
+            (Some(mask), _) => {
+                let words = mask.on_device(dev, orders)?;
+                let extra = match orders {
+                    [] => 0,
+                    _ => words.address + 4 * mask.words().len() as u64,
+                };
+                Some(Bits::Resident(words, extra))
+            }
+            (None, Some(tree)) => Some(Bits::Staged(data.push_words(tree.words().iter().copied()))),
+            (None, None) => None,
         };
-        Ok(Self {
-            slopes,
-            words,
-            extra,
-        })
+        Ok(Self { slopes, bits })
     }
 
     /// The kernels' mask arguments once the launch data is at `upload`, and the device
-    /// address of the extra words (0 when none).
+    /// address of the orders (0 when none).
     pub(crate) fn args(
         &self,
         params: &AttnParams,
         shape: &AttnShape,
         upload: &ScratchUpload,
     ) -> Result<(MaskArgs, u64)> {
-        let at = |offset: Option<usize>| offset.map_or(0, |o| upload.address(o));
-        let args = params.mask_args(
-            shape.head_dim,
-            shape.heads_q,
-            at(self.slopes),
-            at(self.words),
-        )?;
-        Ok((args, at(self.extra)))
+        let slopes = self.slopes.map_or(0, |o| upload.address(o));
+        let (bits, orders) = match &self.bits {
+            None => (0, 0),
+            Some(Bits::Staged(offset)) => (upload.address(*offset), 0),
+            Some(Bits::Resident(words, orders)) => (words.address, *orders),
+        };
+        let args = params.mask_args(shape.head_dim, shape.heads_q, slopes, bits)?;
+        Ok((args, orders))
     }
 }
 
@@ -79,8 +96,9 @@ impl StagedMask {
 pub(crate) struct DeviceMask<'a> {
     /// The arguments to launch with.
     pub args: MaskArgs,
-    /// Device address of the extra words ([`DeviceMask::with_extra`]; 0 when none).
-    pub extra_at: u64,
+    /// Device address of the orders ([`DeviceMask::with_orders`]; 0 when none).
+    pub orders_at: u64,
+    _staged: StagedMask,
     _upload: ScratchUpload<'a>,
 }
 
@@ -88,24 +106,25 @@ impl<'a> DeviceMask<'a> {
     /// Checks `params`' masks for a call of `shape` (see [`StagedMask::stage`]) and uploads
     /// their data.
     pub(crate) fn new(dev: &'a Device, params: &AttnParams, shape: &AttnShape) -> Result<Self> {
-        Self::with_extra(dev, params, shape, &[])
+        Self::with_orders(dev, params, shape, &[])
     }
 
-    /// [`DeviceMask::new`] with `extra` words after the bit mask's, when the call has one (the
-    /// backward's key tile orders), at [`DeviceMask::extra_at`].
-    pub(crate) fn with_extra(
+    /// [`DeviceMask::new`] with `orders` after a block mask's words (the backward's key tile
+    /// orders), at [`DeviceMask::orders_at`].
+    pub(crate) fn with_orders(
         dev: &'a Device,
         params: &AttnParams,
         shape: &AttnShape,
-        extra: &[u32],
+        orders: &CallOrders,
     ) -> Result<Self> {
         let mut data = LaunchBytes::default();
-        let staged = StagedMask::stage(params, shape, extra, &mut data)?;
+        let staged = StagedMask::stage(dev, params, shape, orders, &mut data)?;
         let upload = dev.launch_scratch().upload(dev, &data)?;
-        let (args, extra_at) = staged.args(params, shape, &upload)?;
+        let (args, orders_at) = staged.args(params, shape, &upload)?;
         Ok(Self {
             args,
-            extra_at,
+            orders_at,
+            _staged: staged,
             _upload: upload,
         })
     }

@@ -1,8 +1,9 @@
 //! A device's launch scratch: the data a call's kernels read besides the tensors (the
 //! Hopper forward's TMA descriptors and its persistent launches' tile counters, which must
-//! start at zero; the ALiBi slopes; the block or tree mask's words and the block-sparse
-//! forward's tile orders), assembled on the host ([`LaunchBytes`]) and uploaded by one
-//! host-to-device copy per call into a buffer the [`Device`] keeps. A fresh buffer per piece
+//! start at zero; the ALiBi slopes; a tree mask's words; a block mask's words and tile orders
+//! are kept on the device instead, `crate::resident`), assembled on the host
+//! ([`LaunchBytes`]) and uploaded by one host-to-device copy per call into a buffer the
+//! [`Device`] keeps. A fresh buffer per piece
 //! cost an allocation, a free and, for the counters, a memset on the stream besides the
 //! copy: driver calls made while the GPU waits for the call's first launch (4–10 µs per
 //! forward call on an H200, docs/perf-notes.md, 2026-11-28).

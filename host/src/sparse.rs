@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use flash_attn_kernels::mask::SPARSE_BLOCK;
 
+use crate::device::Device;
 use crate::error::{FlashError, Result};
+use crate::resident::{DeviceWords, ResidentWords};
 
 /// Rows and columns of one block of a [`BlockMask`]: 128 queries × 128 keys.
 pub const BLOCK: usize = SPARSE_BLOCK as usize;
@@ -20,6 +22,11 @@ pub const BLOCK: usize = SPARSE_BLOCK as usize;
 /// bit-packed twice: by block row (`⌈key blocks / 32⌉` u32 words each, bit `j % 32` of word
 /// `j / 32`; the forward walks a query tile's key blocks), then by block column (`⌈query
 /// blocks / 32⌉` words each; the backward walks a key tile's query blocks).
+///
+/// A GPU call keeps these words, with its launches' tile orders after them, in device memory
+/// until the mask is dropped (one copy per stream and launch shape, the newest 8), so later
+/// calls with the same mask copy nothing to the device: build a mask once and reuse it
+/// across calls (layers, steps). A clone starts without copies.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockMask {
     dims: [usize; 4],
@@ -30,7 +37,9 @@ pub struct BlockMask {
     cols_at: usize,
     /// The tile orders of the persistent forward launches and the backward launches over this
     /// mask so far.
-    orders: OrderCache,
+    orders: Beside<OrderCache>,
+    /// The words and the orders of recent calls, on the device.
+    resident: Beside<ResidentWords>,
 }
 
 /// What identifies a launch's tile order over a mask (`crate::fwd`'s `tile_order`): its
@@ -40,8 +49,7 @@ pub struct BlockMask {
 pub(crate) type OrderKey = [u32; 8];
 
 /// Launches' tile orders over one mask, each computed once (a mask is immutable, and a model
-/// calls with the same one layer after layer): the newest [`OrderCache::KEEP`]. Not part of
-/// the mask's value: clones start empty, equality and `Debug` ignore it.
+/// calls with the same one layer after layer): the newest [`OrderCache::KEEP`].
 #[derive(Default)]
 struct OrderCache(Mutex<Vec<(OrderKey, Arc<[u32]>)>>);
 
@@ -50,23 +58,36 @@ impl OrderCache {
     const KEEP: usize = 8;
 }
 
-impl Clone for OrderCache {
+/// What a mask keeps beside its value (its caches): not part of it, so clones start empty,
+/// and equality and `Debug` ignore it.
+#[derive(Default)]
+struct Beside<T>(T);
+
+impl<T: Default> Clone for Beside<T> {
     fn clone(&self) -> Self {
         Self::default()
     }
 }
 
-impl PartialEq for OrderCache {
+impl<T> PartialEq for Beside<T> {
     fn eq(&self, _: &Self) -> bool {
         true
     }
 }
 
-impl Eq for OrderCache {}
+impl<T> Eq for Beside<T> {}
 
-impl std::fmt::Debug for OrderCache {
+impl<T> std::ops::Deref for Beside<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::fmt::Debug for Beside<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("OrderCache")
+        f.write_str("_")
     }
 }
 
@@ -119,7 +140,8 @@ impl BlockMask {
             col_words,
             words,
             cols_at: rows_len,
-            orders: OrderCache::default(),
+            orders: Beside::default(),
+            resident: Beside::default(),
         })
     }
 
@@ -204,7 +226,8 @@ impl BlockMask {
         key: OrderKey,
         compute: impl FnOnce() -> Vec<u32>,
     ) -> Arc<[u32]> {
-        let mut orders = self.orders.0.lock().unwrap_or_else(|e| e.into_inner());
+        let cache: &OrderCache = &self.orders;
+        let mut orders = cache.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, order)) = orders.iter().find(|(k, _)| *k == key) {
             return order.clone();
         }
@@ -214,6 +237,20 @@ impl BlockMask {
         }
         orders.push((key, order.clone()));
         order
+    }
+
+    /// The packed words, then `orders` (tile orders of this mask, one after the other), on
+    /// `dev`: uploaded by the first call that asks, kept for the next ([`ResidentWords`]).
+    pub(crate) fn on_device(
+        &self,
+        dev: &Device,
+        orders: &[(OrderKey, Arc<[u32]>)],
+    ) -> Result<DeviceWords> {
+        self.resident.on_device(dev, orders, || {
+            let mut words = self.words.clone();
+            orders.iter().for_each(|(_, o)| words.extend_from_slice(o));
+            words
+        })
     }
 
     /// The share of visible blocks.

@@ -9,7 +9,7 @@
 //! `FLASH_ATTN_REQUIRE_GPU=1`.
 
 use flash_attn::shape::AttnShape;
-use flash_attn::{AttnParams, BwdMode, Device};
+use flash_attn::{AttnParams, BlockMask, BwdMode, Device};
 use flash_attn_tests::gpu::{
     backward_case, device as gpu_device, forward_case, gpu_cases, Layout, PERSISTENT_DIMS,
     PERSISTENT_HEADS, PERSISTENT_LENS_K, PERSISTENT_LENS_Q,
@@ -174,5 +174,60 @@ fn long_sparse_backward() {
             BwdMode::Fast,
         )
         .unwrap();
+    }
+}
+
+/// One mask through many calls, as a model uses it layer after layer: the first call of each
+/// launch shape puts the mask's words and that call's tile orders on the device, later ones
+/// read them there (`crate::resident` in the host crate). Forward and backward calls over
+/// six lengths of the same block counts, causal and not, give more sets of orders than one
+/// mask keeps (8), so copies are reused, added and dropped between the calls; the clone
+/// starts without copies. Every call is checked against the reference.
+#[test]
+fn one_mask_across_calls() {
+    let Some(dev) = device() else { return };
+    let mut seed = 0x9e37_79b9u64;
+    let mask = BlockMask::from_fn([1, 4, 4, 10], |_, h, i, j| {
+        seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (seed >> 60) < 5 || (h + i + j) % 7 == 0
+    })
+    .unwrap();
+    let clone = mask.clone();
+    // Lengths within 4 query blocks and 10 key blocks; the third round's differ from the
+    // first two's, which are the same.
+    let calls = [(385, 1153), (470, 1200), (420, 1160)];
+    for round in 0..3u64 {
+        let (more_q, more_k) = if round == 2 { (40, 80) } else { (0, 0) };
+        for (i, &(seqlen_q, seqlen_k)) in calls.iter().enumerate() {
+            for causal in [false, true] {
+                let shape = AttnShape {
+                    batch: 1,
+                    seqlen_q: seqlen_q + more_q,
+                    seqlen_k: seqlen_k + more_k,
+                    heads_q: 4,
+                    heads_kv: 2,
+                    head_dim: 128,
+                };
+                let params = AttnParams {
+                    causal,
+                    block_mask: Some(if round == 2 { &clone } else { &mask }),
+                    ..AttnParams::default()
+                };
+                let seed = round * 10 + i as u64;
+                let (mag, layout) = (Magnitude::Normal, Layout::Contiguous);
+                let r = forward_case::<bf16>(dev, seed, shape, &params, mag, layout);
+                assert_eq!(
+                    r,
+                    Ok(()),
+                    "forward, round {round}, call {i}, causal {causal}"
+                );
+                let r = backward_case::<f16>(dev, seed, shape, &params, mag, layout, mode(i == 1));
+                assert_eq!(
+                    r,
+                    Ok(()),
+                    "backward, round {round}, call {i}, causal {causal}"
+                );
+            }
+        }
     }
 }

@@ -243,12 +243,13 @@ impl ForwardCall {
         let (shape, d) = (&self.shape, self.shape.head_dim);
         let padded_d = padded_head_dim(d);
         let orders = LaunchOrders::of(dev, params, shape, (self.kernel.tile, padded_d), runs)?;
-        // The call's launch data, one copy (`crate::scratch`): the mask's (slopes, words, tile
-        // orders), then the TMA maps and (persistent blocks) one zeroed tile counter per
-        // launch. The mask's device addresses exist only after the copy: the launches'
-        // parameters take them below.
+        // The call's launch data, one copy (`crate::scratch`): the mask's (ALiBi slopes, a tree
+        // mask's words), then the TMA maps and (persistent blocks) one zeroed tile counter per
+        // launch; a block mask's words and tile orders are on the device already
+        // (`BlockMask::on_device`). The device addresses exist only after the copy: the
+        // launches' parameters take them below.
         let mut data = LaunchBytes::default();
-        let staged_mask = StagedMask::stage(params, shape, &orders.words, &mut data)?;
+        let staged_mask = StagedMask::stage(dev, params, shape, &orders.orders, &mut data)?;
         let q_packed = packed_input(dev, q, padded_d)?;
         let k_packed = packed_input(dev, k, padded_d)?;
         let v_packed = packed_input(dev, v, padded_d)?;

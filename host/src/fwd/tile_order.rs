@@ -6,6 +6,7 @@
 //! head's keys and values in L2 as they do in grid order.
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 
 use flash_attn_kernels::block::BlockInfo;
 use flash_attn_kernels::config::FwdTile;
@@ -17,17 +18,17 @@ use crate::error::Result;
 use crate::params::AttnParams;
 use crate::seqs::SeqRun;
 use crate::shape::AttnShape;
-use crate::sparse::{BlockMask, BLOCK};
+use crate::sparse::{BlockMask, OrderKey, BLOCK};
 
-/// The tile orders of a call's launches, uploaded with the mask's words (one copy per call:
-/// computed once per mask and launch shape, [`BlockMask::tile_order`], an order costs the
-/// call only its bytes).
+/// The tile orders of a call's launches, kept on the device after the mask's words
+/// ([`BlockMask::on_device`]; computed once per mask and launch shape,
+/// [`BlockMask::tile_order`]).
 #[derive(Default)]
 pub(crate) struct LaunchOrders {
-    /// Every launch's order, one after the other.
-    pub words: Vec<u32>,
-    /// Where in `words` each launch's order starts (launches of the runs with queries, in
-    /// order); empty when the call's launches take none.
+    /// Every launch's order with its key, laid one after the other on the device.
+    pub orders: Vec<(OrderKey, Arc<[u32]>)>,
+    /// Where, in words after the first order's start, each launch's order starts (launches
+    /// of the runs with queries, in order); empty when the call's launches take none.
     pub starts: Vec<usize>,
 }
 
@@ -50,7 +51,7 @@ impl LaunchOrders {
         }
         let args = params.mask_args(shape.head_dim, shape.heads_q, 0, 0)?;
         let (causal, longest_first) = (args.causal(), SparseMask::later_rows_see_more(&args));
-        let mut orders = Self::default();
+        let (mut orders, mut at) = (Self::default(), 0);
         for run in runs.iter().filter(|r| r.len_q > 0) {
             let dims = run.dims(shape, padded_d);
             let tiles_x = run.len_q.div_ceil(tile.block_m) as u32;
@@ -69,8 +70,9 @@ impl LaunchOrders {
                 let launch = (tiles_x, block_m, longest_first);
                 sparse_tile_order(mask, &dims, run.first, causal, launch)
             });
-            orders.starts.push(orders.words.len());
-            orders.words.extend_from_slice(&order);
+            orders.starts.push(at);
+            at += order.len();
+            orders.orders.push((key, order));
         }
         Ok(orders)
     }
