@@ -3,10 +3,10 @@
 //! start at zero; the ALiBi slopes; a tree mask's words; a block mask's words and tile orders
 //! are kept on the device instead, `crate::resident`), assembled on the host
 //! ([`LaunchBytes`]) and uploaded by one host-to-device copy per call into a buffer the
-//! [`Device`] keeps. A fresh buffer per piece
-//! cost an allocation, a free and, for the counters, a memset on the stream besides the
-//! copy: driver calls made while the GPU waits for the call's first launch (4–10 µs per
-//! forward call on an H200, docs/perf-notes.md, 2026-11-28).
+//! [`Device`] keeps. A fresh buffer per piece cost an allocation, a free and, for the
+//! counters, a memset on the stream besides the copy: driver calls made while the GPU waits
+//! for the call's first launch (4–10 µs per forward call on an H200, docs/perf-notes.md,
+//! 2026-11-28).
 //!
 //! Reuse is safe in stream order: every copy and launch of a [`Device`] runs on its one
 //! stream, so a call's copy runs after the previous call's kernels have read the buffer.
