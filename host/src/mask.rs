@@ -14,8 +14,7 @@ use crate::params::AttnParams;
 use crate::resident::DeviceWords;
 use crate::scratch::{LaunchBytes, ScratchUpload};
 use crate::shape::AttnShape;
-use crate::sparse::OrderKey;
-use std::sync::Arc;
+use crate::sparse::CallOrders;
 
 /// Where a call's mask data sits: the ALiBi slopes and a tree mask's words in its launch data
 /// ([`LaunchBytes`]), a block mask's words, with the call's tile orders right after them,
@@ -30,14 +29,9 @@ pub(crate) struct StagedMask {
 enum Bits {
     /// A tree mask's, in the launch data at this offset.
     Staged(usize),
-    /// A block mask's, on the device, and where the orders after them start (0: none).
-    Resident(DeviceWords, u64),
+    /// A block mask's, on the device, with the call's orders after them.
+    Resident(DeviceWords),
 }
-
-/// The tile orders of a call's launches over its block mask, each with the key that names it
-/// among the mask's orders (`crate::fwd::tile_order`, `crate::bwd_order`), to be laid one
-/// after the other after the mask's words.
-pub(crate) type CallOrders = [(OrderKey, Arc<[u32]>)];
 
 impl StagedMask {
     /// Checks `params`' masks for a call of `shape` (a varlen batch's longest lengths; the
@@ -57,14 +51,7 @@ impl StagedMask {
             .alibi_slopes
             .map(|s| data.push_words(s.iter().map(|x| x.to_bits())));
         let bits = match (params.block_mask, params.tree_mask) {
-            (Some(mask), _) => {
-                let words = mask.on_device(dev, orders)?;
-                let extra = match orders {
-                    [] => 0,
-                    _ => words.address + 4 * mask.words().len() as u64,
-                };
-                Some(Bits::Resident(words, extra))
-            }
+            (Some(mask), _) => Some(Bits::Resident(mask.on_device(dev, orders)?)),
             (None, Some(tree)) => Some(Bits::Staged(data.push_words(tree.words().iter().copied()))),
             (None, None) => None,
         };
@@ -83,7 +70,7 @@ impl StagedMask {
         let (bits, orders) = match &self.bits {
             None => (0, 0),
             Some(Bits::Staged(offset)) => (upload.address(*offset), 0),
-            Some(Bits::Resident(words, orders)) => (words.address, *orders),
+            Some(Bits::Resident(words)) => (words.address, words.orders_address),
         };
         let args = params.mask_args(shape.head_dim, shape.heads_q, slopes, bits)?;
         Ok((args, orders))

@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 
 use crate::device::Device;
 use crate::error::Result;
-use crate::sparse::OrderKey;
+use crate::sparse::{CallOrders, OrderKey};
 
 /// One mask's device copies, the newest [`ResidentWords::KEEP`]: each the mask's words, then
 /// the orders its keys name, on one stream.
@@ -24,11 +24,14 @@ struct Kept {
     buf: Arc<CudaSlice<u32>>,
 }
 
-/// The words a call reads on the device: where they start, and the copy, which the call keeps
-/// until its launches are queued (the buffer's free is stream-ordered after them).
+/// The words a call reads on the device: where they and the orders after them start, and the
+/// copy, which the call keeps until its launches are queued (the buffer's free is
+/// stream-ordered after them).
 pub(crate) struct DeviceWords {
-    /// Device address of the first word.
+    /// Device address of the mask's first word.
     pub address: u64,
+    /// Device address of the first order's first word (0: the call has no orders).
+    pub orders_address: u64,
     _buf: Arc<CudaSlice<u32>>,
 }
 
@@ -36,13 +39,14 @@ impl ResidentWords {
     /// Copies kept per mask.
     const KEEP: usize = 8;
 
-    /// The copy on `dev`'s stream of the orders `orders` (their keys): kept from an earlier
-    /// call, else uploaded (in stream order, before the launches that follow) from `words()`
-    /// and kept.
+    /// The copy on `dev`'s stream of the orders `orders` (their keys) after `mask_words`
+    /// words of the mask: kept from an earlier call, else uploaded (in stream order, before
+    /// the launches that follow) from `words()` and kept.
     pub(crate) fn on_device(
         &self,
         dev: &Device,
-        orders: &[(OrderKey, Arc<[u32]>)],
+        orders: &CallOrders,
+        mask_words: usize,
         words: impl FnOnce() -> Vec<u32>,
     ) -> Result<DeviceWords> {
         let keys = || orders.iter().map(|(key, _)| key);
@@ -65,6 +69,14 @@ impl ResidentWords {
             }
         };
         let address = buf.device_ptr(dev.stream()).0;
-        Ok(DeviceWords { address, _buf: buf })
+        let orders_address = match orders {
+            [] => 0,
+            _ => address + 4 * mask_words as u64,
+        };
+        Ok(DeviceWords {
+            address,
+            orders_address,
+            _buf: buf,
+        })
     }
 }

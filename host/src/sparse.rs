@@ -48,6 +48,11 @@ pub struct BlockMask {
 /// the KV heads and keys per tile in place of the tiles and rows.
 pub(crate) type OrderKey = [u32; 8];
 
+/// The tile orders of a call's launches over one mask, each with the key that names it among
+/// the mask's orders (`crate::fwd::tile_order`, `crate::bwd_order`), laid one after the other
+/// after the mask's words on the device.
+pub(crate) type CallOrders = [(OrderKey, Arc<[u32]>)];
+
 /// Launches' tile orders over one mask, each computed once (a mask is immutable, and a model
 /// calls with the same one layer after layer): the newest [`OrderCache::KEEP`].
 #[derive(Default)]
@@ -241,12 +246,8 @@ impl BlockMask {
 
     /// The packed words, then `orders` (tile orders of this mask, one after the other), on
     /// `dev`: uploaded by the first call that asks, kept for the next ([`ResidentWords`]).
-    pub(crate) fn on_device(
-        &self,
-        dev: &Device,
-        orders: &[(OrderKey, Arc<[u32]>)],
-    ) -> Result<DeviceWords> {
-        self.resident.on_device(dev, orders, || {
+    pub(crate) fn on_device(&self, dev: &Device, orders: &CallOrders) -> Result<DeviceWords> {
+        self.resident.on_device(dev, orders, self.words.len(), || {
             let mut words = self.words.clone();
             orders.iter().for_each(|(_, o)| words.extend_from_slice(o));
             words
