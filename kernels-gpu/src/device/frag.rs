@@ -76,6 +76,12 @@ impl FragPos {
         nt as u32 * N_COLS + 2 * self.t + c as u32
     }
 
+    /// The lane's place in its quad, `lane % 4` (its column pair).
+    #[inline(always)]
+    pub fn quad_lane(self) -> u32 {
+        self.t
+    }
+
     /// Whether this lane is the first of its quad (writes the per-row values).
     #[inline(always)]
     pub fn leads_quad(self) -> bool {

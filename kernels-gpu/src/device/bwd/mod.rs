@@ -25,8 +25,10 @@
 //!     dQᵢ += scale·dS·Kⱼ                        16 query rows × a column slice per warp:
 //!                                               f32 atomic adds into the block's accumulator,
 //!                                               or (staged dQ, sm_90) into the stage
-//! [staged: bar.sync, bulk add of the last tile, wait]
-//! write scale·dKⱼ and dVⱼ [·1/(1 − p)]
+//! [staged: bar.sync, bulk add of the last tile]
+//! write scale·dKⱼ and dVⱼ [·1/(1 − p)]         16-byte stores after a transpose in each
+//!                                               quad, beside the staged add
+//! [staged: wait for the add]
 //! ```
 //!
 //! One block per key tile, all adding into one f32 dQ accumulator. In deterministic mode the
@@ -63,6 +65,7 @@ use super::elem::Elem;
 use super::frag::{AccTile, FragPos, NonNegative, PackedTile, ThreadPos};
 use super::gemm::{mma_ab, mma_abt, mma_pb, SmemCols, SmemRows};
 use super::ptx;
+use super::quad_store::{store_row_chunk, store_rows_by_quads};
 use super::tile::{LaneOffsets, SmemTile};
 use crate::block::BlockInfo;
 use crate::config::MMA_M;
@@ -382,7 +385,16 @@ unsafe fn key_tile<
         }
         ptx::bar_sync(); // every warp's part of the last tile's dQ is staged
         smem.dq_stage::<D>().flush(p, batch, kv_head, me.tid);
-        ptx::cp_async_bulk_wait_group::<0>(); // before the stage is reused or the block ends
+    }
+    // dK and dV leave while the bulk engine adds the last tile's dQ.
+    let WarpRoles {
+        warp_k0, dkv_pair0, ..
+    } = roles(me.warp);
+    let key_base = key0 + warp_k0 as u32;
+    let col0 = 16 * dkv_pair0 as u32;
+    store_dkv::<E, DKV_TILES, DROPOUT>(p, &kv_block, key_base, col0, pos, &dk, &dv);
+    if STAGED_DQ {
+        ptx::cp_async_bulk_wait_group::<0>(); // before the block ends
         if order::ordered(p) {
             ptx::fence_proxy_async_global();
             ptx::bar_sync(); // every row of the last tile added
@@ -391,20 +403,14 @@ unsafe fn key_tile<
             }
         }
     }
-    let WarpRoles {
-        warp_k0, dkv_pair0, ..
-    } = roles(me.warp);
-    let key_base = key0 + warp_k0 as u32;
-    let col0 = 16 * dkv_pair0 as u32;
-    store_dkv::<E, DKV_TILES, DROPOUT>(p, &kv_block, key_base, col0, pos, &dk, &dv);
 }
 
 /// Writes a warp's `scale·dK` and dV (`·1/(1 − p)` with dropout) of its 16 keys from
-/// `key_base` and its columns from `col0`, skipping keys past the sequence and columns
-/// past the head dim.
+/// `key_base` and its columns from `col0` (16-byte stores after a transpose within each quad,
+/// [`store_rows_by_quads`]), skipping keys past the sequence and columns past the head dim.
 ///
 /// # Safety
-/// `kv_block` and `p` describe the launch's validated dK and dV.
+/// The whole warp calls it; `kv_block` and `p` describe the launch's validated dK and dV.
 #[inline(always)]
 unsafe fn store_dkv<E: Elem, const DT: usize, const DROPOUT: bool>(
     p: &BwdParams,
@@ -417,22 +423,15 @@ unsafe fn store_dkv<E: Elem, const DT: usize, const DROPOUT: bool>(
 ) {
     let dims = &p.dims;
     let dv_scale = if DROPOUT { p.dropout.scale } else { 1.0 };
-    for r in 0..2 {
-        let key = key_base + pos.row(0, r);
-        if key >= dims.seqlen_k {
-            continue;
-        }
-        let dk_dst = (p.dk.ptr as *mut u16).add(kv_block.key_offset(&p.dk, key) as usize);
-        let dv_dst = (p.dv.ptr as *mut u16).add(kv_block.key_offset(&p.dv, key) as usize);
-        for dt in 0..DT {
-            let col = col0 + pos.col(dt, 0);
-            if col < dims.head_dim {
-                let [k0, k1] = dk.pair(0, r, dt);
-                let [v0, v1] = dv.pair(0, r, dt);
-                *(dk_dst.add(col as usize) as *mut u32) = E::pack(k0 * p.scale, k1 * p.scale);
-                *(dv_dst.add(col as usize) as *mut u32) = E::pack(v0 * dv_scale, v1 * dv_scale);
+    let (head_dim, quad_lane) = (dims.head_dim, pos.quad_lane());
+    for (t, tile, scale) in [(&p.dk, dk, p.scale), (&p.dv, dv, dv_scale)] {
+        store_rows_by_quads::<E, DT>(tile, [scale; 2], quad_lane, |r, col, words, cols| {
+            let key = key_base + pos.row(0, r);
+            if key < dims.seqlen_k {
+                let offset = kv_block.key_offset(t, key);
+                store_row_chunk(t.ptr as *mut u16, offset, col0 + col, words, cols, head_dim);
             }
-        }
+        });
     }
 }
 

@@ -43,8 +43,9 @@
 //!                                             (BM = d = 64: the whole tile; warpgroup 0 adds)
 //!     find the tile after i                   while dQᵢ runs
 //!     wait for all; scale·dQᵢ → the stage     st.shared.v2; fence.proxy.async
-//! bar.sync; bulk add of the last tile's dQ; wait
-//! write scale·dKⱼ and dVⱼ [·1/(1 − p)]
+//! bar.sync; bulk add of the last tile's dQ
+//! write scale·dKⱼ and dVⱼ [·1/(1 − p)]        16-byte stores after a transpose in each
+//!                                             quad, while the add runs; wait for the add
 //! ```
 //!
 //! Shared memory (dynamic, 1024-byte aligned; the layout and size of
@@ -462,6 +463,10 @@ unsafe fn key_tile<
     }
     ptx::bar_sync(); // every warp's part of the last tile's dQ is staged
     stage.flush(p, record.batch(), record.kv_head(), flush_row::<BM>(me.tid));
+    // dK and dV leave while the bulk engine adds the last tile's dQ.
+    let kv_block = record.kv_block(p); // read again: kept live across the loop, it spilled
+    let key_base = record.key_tile() * BN as u32 + warp_k0;
+    store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key_base, 0, pos, &dk, &dv);
     ptx::cp_async_bulk_wait_group::<0>(); // before the block ends
     if order::ordered(p) {
         ptx::fence_proxy_async_global();
@@ -470,9 +475,6 @@ unsafe fn key_tile<
             stage.pass_staged_turn(p, record.batch());
         }
     }
-    let kv_block = record.kv_block(p); // read again: kept live across the loop, it spilled
-    let key_base = record.key_tile() * BN as u32 + warp_k0;
-    store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key_base, 0, pos, &dk, &dv);
 }
 
 /// The dQ stage row thread `tid` flushes ([`DqStage::flush`]; `u32::MAX`: none). The adds

@@ -5,6 +5,7 @@ use super::super::elem::Elem;
 use super::super::frag::{AccTile, FragPos, RowVec, ThreadPos};
 use super::super::gemm::AFragments;
 use super::super::ptx;
+use super::super::quad_store::quad_transpose;
 use super::super::softmax::OnlineSoftmax;
 use super::super::tile::{LaneOffsets, SmemTile};
 use crate::block::BlockInfo;
@@ -307,43 +308,6 @@ unsafe fn store_o_chunk(p: &FwdParams, block: &BlockInfo, row: u32, col: u32, wo
                 *(dst.add(2 * w) as *mut u32) = word;
             }
         }
-    }
-}
-
-/// The 4 × 4 transpose of a quad's words: lane `t` (`quad_lane`) passes its words `v[j]` (the
-/// pair it holds of 8-column tile `j`) and gets `[v₀[t], v₁[t], v₂[t], v₃[t]]`, tile `t`'s
-/// pairs from lanes 0 to 3 in column order. Round one exchanges half the tiles with lane
-/// `t ^ 2`, round two a tile with lane `t ^ 1`; every lane of the warp takes part.
-#[inline(always)]
-unsafe fn quad_transpose(v: [u32; 4], quad_lane: u32) -> [u32; 4] {
-    let (hi, lo) = (quad_lane & 2 != 0, quad_lane & 1 != 0);
-    let pick = |c: bool, a: u32, b: u32| if c { a } else { b };
-    let swap = |x: u32, m| match m {
-        1 => ptx::shfl_sync_bfly::<1>(f32::from_bits(x)).to_bits(),
-        _ => ptx::shfl_sync_bfly::<2>(f32::from_bits(x)).to_bits(),
-    };
-    // Round one: keep tiles 2h, 2h + 1 (h = hi), from this lane and from lane t ^ 2.
-    let (own_a, own_b) = (pick(hi, v[2], v[0]), pick(hi, v[3], v[1]));
-    let (oth_a, oth_b) = (swap(pick(hi, v[0], v[2]), 2), swap(pick(hi, v[1], v[3]), 2));
-    // Round two: keep tile 2h + lo, from lanes t and t ^ 2, and take it from t ^ 1 and t ^ 3.
-    let (keep_own, keep_oth) = (pick(lo, own_b, own_a), pick(lo, oth_b, oth_a));
-    let from_1 = swap(pick(lo, own_a, own_b), 1);
-    let from_3 = swap(pick(lo, oth_a, oth_b), 1);
-    // Lane L's word is at L: this lane's, then t ^ 1's within each pair of lanes.
-    let near = if lo {
-        [from_1, keep_own]
-    } else {
-        [keep_own, from_1]
-    };
-    let far = if lo {
-        [from_3, keep_oth]
-    } else {
-        [keep_oth, from_3]
-    };
-    if hi {
-        [far[0], far[1], near[0], near[1]]
-    } else {
-        [near[0], near[1], far[0], far[1]]
     }
 }
 
