@@ -18,9 +18,8 @@ use std::process::Command;
 /// since the shared dK/dV epilogue stores by quads beside the last dQ add, which every other
 /// backward kernel gains from: the spill costs this kernel 1.4–1.7 % of its cycles at
 /// densities ≥ 1/2, and it still takes 1.7 % fewer at 1/16; it was kept rather than given an
-/// epilogue of its own (docs/perf-notes.md, 2026-11-30). (The block-sparse forward with
-/// dropout at d = 256 on `wgmma` had an allowance of 20 B until 2026-11-30; that build had it
-/// at no frame and no spills, and its allowance was removed.)
+/// epilogue of its own (docs/perf-notes.md, 2026-11-30; earlier allowances:
+/// docs/toolchain.md).
 const LOCAL_MEMORY_ALLOWED: &[(&str, u32)] = &[
     ("flash_bwd_wgmma_sparse_dropout_f16_d128", 24),
     ("flash_bwd_wgmma_sparse_dropout_bf16_d128", 24),
