@@ -162,6 +162,7 @@ impl Device {
             let _ = crate::pool::retain_freed_memory(&ctx);
         }
         let stream = ctx.new_stream()?;
+        let scratch = LaunchScratch::new(&stream)?;
         Ok(Self {
             ctx,
             stream,
@@ -179,7 +180,7 @@ impl Device {
             memory_gbps_per_sm,
             loaded: Mutex::new(HashMap::new()),
             occupancy: Mutex::new(HashMap::new()),
-            scratch: LaunchScratch::default(),
+            scratch,
         })
     }
 

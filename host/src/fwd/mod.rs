@@ -243,11 +243,12 @@ impl ForwardCall {
         let (shape, d) = (&self.shape, self.shape.head_dim);
         let padded_d = padded_head_dim(d);
         let orders = LaunchOrders::of(dev, params, shape, (self.kernel.tile, padded_d), runs)?;
-        // The call's launch data, one copy (`crate::scratch`): the mask's (ALiBi slopes, a tree
-        // mask's words), then the TMA maps and (persistent blocks) one zeroed tile counter per
-        // launch; a block mask's words and tile orders are on the device already
-        // (`BlockMask::on_device`). The device addresses exist only after the copy: the
-        // launches' parameters take them below.
+        // The call's launch data (`crate::scratch`; one copy, none where the device's scratch
+        // holds the same data already): the mask's (ALiBi slopes, a tree mask's words), then
+        // the TMA maps; a block mask's words and tile orders are on the device already
+        // (`BlockMask::on_device`), and persistent launches take their tiles from the
+        // scratch's counter, one launch after the other. The device addresses exist only
+        // after the upload: the launches' parameters take them below.
         let mut data = LaunchBytes::default();
         let staged_mask = StagedMask::stage(dev, params, shape, &orders.orders, &mut data)?;
         let q_packed = packed_input(dev, q, padded_d)?;
@@ -294,17 +295,7 @@ impl ForwardCall {
             }
         }
         let tile = kernel.tile;
-        let (maps_at, counters_at) = match &maps {
-            Some(maps) => {
-                let maps_at = data.push(maps, TENSOR_MAP_ALIGN);
-                let counters = if tile.persistent { launches.len() } else { 0 };
-                (
-                    Some(maps_at),
-                    data.push_words(std::iter::repeat_n(0, counters)),
-                )
-            }
-            None => (None, 0),
-        };
+        let maps_at = maps.as_ref().map(|maps| data.push(maps, TENSOR_MAP_ALIGN));
         // Locked until the launches are queued.
         let scratch = dev.launch_scratch().upload(dev, &data)?;
         let (mask_args, tile_orders_at) = staged_mask.args(params, shape, &scratch)?;
@@ -321,7 +312,7 @@ impl ForwardCall {
             let tile_counter = match maps_at {
                 Some(_) if tile.persistent => {
                     grid = (dev.persistent_blocks(tiles as usize) as u32, 1, 1);
-                    scratch.address(counters_at + 4 * i)
+                    scratch.tile_counter()
                 }
                 _ => 0,
             };

@@ -69,7 +69,8 @@ pub struct WgmmaFwdParams {
     pub tensor_maps: u64,
     /// Persistent kernels ([`crate::config::FwdTile::persistent`]): device address of a u32,
     /// zero at launch, from which the blocks take their query tiles after their first
-    /// (block `x` starts with tile `x`; then `nctaid.x + atomicAdd(counter, 1)`). Tile `t`
+    /// (block `x` starts with tile `x`; then `nctaid.x + atomicInc(counter, tiles − 1)`, one
+    /// increment per tile taken, so that the launch leaves the counter at zero again). Tile `t`
     /// is the one the one-block-per-tile grid runs as block `(t mod tiles_x, t / tiles_x mod
     /// heads_q, t / (tiles_x·heads_q))`. Unused by the other kernels.
     pub tile_counter: u64,

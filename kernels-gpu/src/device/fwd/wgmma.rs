@@ -357,8 +357,10 @@ unsafe fn produce_tiles<
             }
             None => announce_without_q(bars, by_warpgroup, t, leader),
         }
+        // `tiles` increments in all (one per tile taken), the last of which wraps the
+        // counter back to zero for the next launch.
         let counted = if leader {
-            ptx::atom_global_add_u32(args.tile_counter as *mut u32, 1)
+            ptx::atom_global_inc_u32(args.tile_counter as *mut u32, args.tiles - 1)
         } else {
             0
         };

@@ -56,14 +56,14 @@ pub unsafe fn st_release_gpu_u32(addr: *mut u32, v: u32) {
     asm!("st.release.gpu.global.u32 [{addr}], {v};", addr = in(reg64) addr, v = in(reg32) v, options(nostack));
 }
 
-/// `*addr += v` on a global u32, atomically (relaxed, GPU scope), returning the value before
-/// (`atom.global.add.u32`).
+/// `old = *addr; *addr = if old >= bound { 0 } else { old + 1 }`, atomically; returns `old`
+/// (`atom.global.inc.u32`). A counter taken `bound + 1` times from zero this way is zero again.
 ///
 /// # Safety
-/// `addr` is a 4-byte aligned global address of live memory.
+/// `addr` is a 4-byte aligned global address of a live u32.
 #[inline(always)]
-pub unsafe fn atom_global_add_u32(addr: *mut u32, v: u32) -> u32 {
+pub unsafe fn atom_global_inc_u32(addr: *mut u32, bound: u32) -> u32 {
     let old: u32;
-    asm!("atom.global.add.u32 {old}, [{addr}], {v};", old = out(reg32) old, addr = in(reg64) addr, v = in(reg32) v, options(nostack));
+    asm!("atom.global.inc.u32 {old}, [{addr}], {bound};", old = out(reg32) old, addr = in(reg64) addr, bound = in(reg32) bound, options(nostack));
     old
 }
