@@ -44,8 +44,8 @@ pub struct Device {
     loaded: Mutex<HashMap<&'static str, Loaded>>,
     /// Blocks of each kernel an SM holds at once (see [`Device::resident_blocks`]).
     occupancy: Mutex<HashMap<&'static str, usize>>,
-    /// The calls' launch data (TMA descriptors, tile counters, mask data), one buffer reused
-    /// (see [`crate::scratch`]).
+    /// The calls' launch data (TMA descriptors, mask data), one buffer reused, and the
+    /// persistent launches' tile counter (see [`crate::scratch`]).
     scratch: LaunchScratch,
 }
 

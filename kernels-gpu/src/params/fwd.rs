@@ -76,7 +76,7 @@ pub struct WgmmaFwdParams {
     pub tile_counter: u64,
     /// Persistent kernels with a mask that reads memory (block-sparse): device address of
     /// `tiles` u32 query tile indices, a permutation, in the order the blocks take them (block
-    /// `x` takes entry `x` first, then entry `nctaid.x + atomicAdd(counter, 1)`), or 0 for
+    /// `x` takes entry `x` first, then entry `nctaid.x + atomicInc(counter, tiles − 1)`), or 0 for
     /// the tiles in their own order. The host's is longest first. Unused by the other kernels.
     pub tile_order: u64,
     /// [`SCHEDULE_PINGPONG`] or 0 (the consumer warpgroups issue their products as they

@@ -40,13 +40,13 @@
 //! ```
 //!
 //! Persistent kernels (`PERSISTENT`, the registry's rows marked so): the host launches about
-//! one block per SM; block `x` runs query tile `x`, then takes `nctaid.x + atomicAdd(counter,
-//! 1)` until past the last, in the one-tile-per-block grid's order (query tiles of a head in a
-//! row, longest first under a causal mask; heads and sequences after), so the tiles in flight
-//! stay as close together as the hardware's block order kept them; a block-sparse launch's
-//! blocks take those entries of the host's tile order instead, its tiles by the key blocks
-//! they visit, most first, so the launch ends on its shortest ones
-//! ([`WgmmaFwdParams::tile_order`]). The producer's warp 0
+//! one block per SM; block `x` runs query tile `x`, then takes `nctaid.x + atomicInc(counter,
+//! tiles − 1)` (left at zero by the launch) until past the last, in the one-tile-per-block
+//! grid's order (query tiles of a head in a row, longest first under a causal mask; heads and
+//! sequences after), so the tiles in flight stay as close together as the hardware's block
+//! order kept them; a block-sparse launch's blocks take those entries of the host's tile order
+//! instead, its tiles by the key blocks they visit, most first, so the launch ends on its
+//! shortest ones ([`WgmmaFwdParams::tile_order`]). The producer's warp 0
 //! (lane 0 issuing) writes each tile's index into a shared slot before `q_full`, waits on
 //! `q_empty` (every consumer warp arrives once its warpgroup is done reading Q: after its
 //! last S = Q·Kᵀ of the tile, or with three consumer warpgroups after the softmax that may
