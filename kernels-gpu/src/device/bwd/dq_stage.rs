@@ -5,9 +5,11 @@
 //! Protocol, per query tile (both backward kernels): the warps write their dQ into the stage
 //! and fence it for the async proxy ([`ptx::fence_proxy_async_shared_cta`]); thread 0 records
 //! the tile ([`DqStage::set_staged_tile`]); after the next barrier, [`DqStage::flush`] starts
-//! the adds; the flushing threads wait for them ([`ptx::cp_async_bulk_wait_group`]) before the
-//! barrier after which the stage is written again. In deterministic mode thread 0 waits for
-//! the staged tile's turn before the flush's barrier and passes it once the adds completed.
+//! the adds; the flushing threads wait until the engine has read their rows
+//! ([`ptx::cp_async_bulk_wait_group_read`]) before the barrier after which the stage is written
+//! again, and the adds themselves complete before the grid does. In deterministic mode they
+//! also wait for the adds ([`ptx::cp_async_bulk_wait_group`]), and thread 0 waits for the
+//! staged tile's turn before the flush's barrier and passes it once the adds completed.
 
 use super::{block_for, order};
 use crate::device::ptx;

@@ -28,7 +28,7 @@
 //! [staged: bar.sync, bulk add of the last tile]
 //! write scale·dKⱼ and dVⱼ [·1/(1 − p)]         16-byte stores after a transpose in each
 //!                                               quad, beside the staged add
-//! [staged: wait for the add]
+//! [staged: wait until the add read the stage]
 //! ```
 //!
 //! One block per key tile, all adding into one f32 dQ accumulator. In deterministic mode the
@@ -322,9 +322,10 @@ unsafe fn key_tile<
             }
         }
         if STAGED_DQ {
-            ptx::cp_async_bulk_wait_group::<0>(); // the stage's last flush is done
+            ptx::cp_async_bulk_wait_group_read::<0>(); // the stage's last flush has read it
             if order::ordered(p) {
-                ptx::fence_proxy_async_global(); // its adds, before the turn passes
+                ptx::cp_async_bulk_wait_group::<0>(); // and added it,
+                ptx::fence_proxy_async_global(); // before the turn passes
             }
         }
         ptx::bar_sync(); // (B) dSᵀ complete; the dQ stage free
@@ -394,8 +395,9 @@ unsafe fn key_tile<
     let col0 = 16 * dkv_pair0 as u32;
     store_dkv::<E, DKV_TILES, DROPOUT>(p, &kv_block, key_base, col0, pos, &dk, &dv);
     if STAGED_DQ {
-        ptx::cp_async_bulk_wait_group::<0>(); // before the block ends
+        ptx::cp_async_bulk_wait_group_read::<0>(); // the stage read before the block ends
         if order::ordered(p) {
+            ptx::cp_async_bulk_wait_group::<0>();
             ptx::fence_proxy_async_global();
             ptx::bar_sync(); // every row of the last tile added
             if me.tid == 0 {

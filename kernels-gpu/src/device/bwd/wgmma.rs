@@ -33,7 +33,7 @@
 //!                                             d = 128), Pᵀ from registers, dO MN-major
 //!     wait for dPᵀ; dSᵀ = Pᵀ ∘ (dPᵀ − Dᵢ)
 //!     issue dKⱼ += dSᵀ·Qᵢ                      as dV, Q MN-major
-//!     dSᵀ → shared; fence.proxy.async; wait for the bulk add; bar.sync
+//!     dSᵀ → shared; fence.proxy.async; wait until the bulk add read the stage; bar.sync
 //!                                             (B) dSᵀ of both warpgroups complete, the
 //!                                             stage free (deterministic mode: thread 0
 //!                                             passes tile i−1's turn)
@@ -45,7 +45,8 @@
 //!     wait for all; scale·dQᵢ → the stage     st.shared.v2; fence.proxy.async
 //! bar.sync; bulk add of the last tile's dQ
 //! write scale·dKⱼ and dVⱼ [·1/(1 − p)]        16-byte stores after a transpose in each
-//!                                             quad, while the add runs; wait for the add
+//!                                             quad, while the add runs; wait until it
+//!                                             read the stage
 //! ```
 //!
 //! Shared memory (dynamic, 1024-byte aligned; the layout and size of
@@ -392,9 +393,10 @@ unsafe fn key_tile<
             }
         }
         ptx::fence_proxy_async_shared_cta(); // dSᵀ, for `wgmma`
-        ptx::cp_async_bulk_wait_group::<0>(); // the stage's last flush is done
+        ptx::cp_async_bulk_wait_group_read::<0>(); // the stage's last flush has read it
         if order::ordered(p) {
-            ptx::fence_proxy_async_global(); // its adds, before the turn passes
+            ptx::cp_async_bulk_wait_group::<0>(); // and added it,
+            ptx::fence_proxy_async_global(); // before the turn passes
         }
         ptx::bar_sync(); // (B) dSᵀ complete; the dQ stage free
         if me.tid == 0 && order::ordered(p) {
@@ -467,8 +469,9 @@ unsafe fn key_tile<
     let kv_block = record.kv_block(p); // read again: kept live across the loop, it spilled
     let key_base = record.key_tile() * BN as u32 + warp_k0;
     store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key_base, 0, pos, &dk, &dv);
-    ptx::cp_async_bulk_wait_group::<0>(); // before the block ends
+    ptx::cp_async_bulk_wait_group_read::<0>(); // the stage read before the block ends
     if order::ordered(p) {
+        ptx::cp_async_bulk_wait_group::<0>();
         ptx::fence_proxy_async_global();
         ptx::bar_sync(); // every row of the last tile added
         if me.tid == 0 {

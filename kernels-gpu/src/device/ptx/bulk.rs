@@ -56,6 +56,19 @@ pub unsafe fn cp_async_bulk_wait_group<const N: u32>() {
     asm!("cp.async.bulk.wait_group {n};", n = const N, options(nostack));
 }
 
+/// Waits until at most `N` of this thread's bulk groups still read their sources
+/// (`cp.async.bulk.wait_group.read N`): the shared memory they read may then be written
+/// again, while their writes to global memory may still be under way. They are performed
+/// before the grid completes, so a later launch in stream order sees them; successive
+/// reductions into the same memory may then apply in any order.
+///
+/// # Safety
+/// sm_90 only.
+#[inline(always)]
+pub unsafe fn cp_async_bulk_wait_group_read<const N: u32>() {
+    asm!("cp.async.bulk.wait_group.read {n};", n = const N, options(nostack));
+}
+
 /// Orders this thread's completed bulk writes to global memory (the async proxy) before its
 /// later ordinary accesses (`fence.proxy.async.global`): a release that follows then
 /// publishes them too.
