@@ -6,10 +6,10 @@
 //! and fence it for the async proxy ([`ptx::fence_proxy_async_shared_cta`]); thread 0 records
 //! the tile ([`DqStage::set_staged_tile`]); after the next barrier, [`DqStage::flush`] starts
 //! the adds; the flushing threads wait until the engine has read their rows
-//! ([`ptx::cp_async_bulk_wait_group_read`]) before the barrier after which the stage is written
-//! again, and the adds themselves complete before the grid does. In deterministic mode they
-//! also wait for the adds ([`ptx::cp_async_bulk_wait_group`]), and thread 0 waits for the
-//! staged tile's turn before the flush's barrier and passes it once the adds completed.
+//! ([`DqStage::wait_flushed`]) before the barrier after which the stage is written again, and
+//! the adds themselves complete before the grid does ([`DqStage::finish`]). In deterministic
+//! mode they also wait for the adds, and thread 0 waits for the staged tile's turn before the
+//! flush's barrier and passes it once the adds completed.
 
 use super::{block_for, order};
 use crate::device::ptx;
@@ -110,6 +110,34 @@ impl<const BM: usize, const D: usize> DqStage<BM, D> {
         if let Some((head, i)) = self.staged_tile() {
             let next = ptx::ld_shared_u32(self.record(StageRecord::Next));
             order::pass_turn_to::<BM>(p, (batch, head, i), next);
+        }
+    }
+
+    /// Before the barrier after which the stage is written again: waits until the bulk engine
+    /// has read the last flush ([`ptx::cp_async_bulk_wait_group_read`]). In deterministic mode
+    /// it also waits for the adds themselves and fences them for the generic proxy, so that
+    /// thread 0 may pass the flushed tile's turn after that barrier
+    /// ([`Self::pass_staged_turn`]). Every thread that flushes calls it.
+    #[inline(always)]
+    pub(super) unsafe fn wait_flushed(p: &BwdParams) {
+        ptx::cp_async_bulk_wait_group_read::<0>();
+        if order::ordered(p) {
+            ptx::cp_async_bulk_wait_group::<0>();
+            ptx::fence_proxy_async_global();
+        }
+    }
+
+    /// The block's end, after its last [`Self::flush`]: the stage read before the block ends
+    /// ([`Self::wait_flushed`]); in deterministic mode, a barrier once every row is added and
+    /// thread 0 passes the last tile's turn. Every thread calls it.
+    #[inline(always)]
+    pub(super) unsafe fn finish(self, p: &BwdParams, batch: u32, tid: u32) {
+        Self::wait_flushed(p);
+        if order::ordered(p) {
+            ptx::bar_sync(); // every row of the last tile added
+            if tid == 0 {
+                self.pass_staged_turn(p, batch);
+            }
         }
     }
 

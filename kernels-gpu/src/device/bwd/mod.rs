@@ -322,11 +322,7 @@ unsafe fn key_tile<
             }
         }
         if STAGED_DQ {
-            ptx::cp_async_bulk_wait_group_read::<0>(); // the stage's last flush has read it
-            if order::ordered(p) {
-                ptx::cp_async_bulk_wait_group::<0>(); // and added it,
-                ptx::fence_proxy_async_global(); // before the turn passes
-            }
+            DqStage::<BM, D>::wait_flushed(p); // the stage's last flush has read it
         }
         ptx::bar_sync(); // (B) dSᵀ complete; the dQ stage free
         if STAGED_DQ && me.tid == 0 && order::ordered(p) {
@@ -395,15 +391,7 @@ unsafe fn key_tile<
     let col0 = 16 * dkv_pair0 as u32;
     store_dkv::<E, DKV_TILES, DROPOUT>(p, &kv_block, key_base, col0, pos, &dk, &dv);
     if STAGED_DQ {
-        ptx::cp_async_bulk_wait_group_read::<0>(); // the stage read before the block ends
-        if order::ordered(p) {
-            ptx::cp_async_bulk_wait_group::<0>();
-            ptx::fence_proxy_async_global();
-            ptx::bar_sync(); // every row of the last tile added
-            if me.tid == 0 {
-                smem.dq_stage::<D>().pass_staged_turn(p, batch);
-            }
-        }
+        smem.dq_stage::<D>().finish(p, batch, me.tid);
     }
 }
 

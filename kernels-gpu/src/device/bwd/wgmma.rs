@@ -393,11 +393,7 @@ unsafe fn key_tile<
             }
         }
         ptx::fence_proxy_async_shared_cta(); // dSᵀ, for `wgmma`
-        ptx::cp_async_bulk_wait_group_read::<0>(); // the stage's last flush has read it
-        if order::ordered(p) {
-            ptx::cp_async_bulk_wait_group::<0>(); // and added it,
-            ptx::fence_proxy_async_global(); // before the turn passes
-        }
+        DqStage::<BM, D>::wait_flushed(p); // the stage's last flush has read it
         ptx::bar_sync(); // (B) dSᵀ complete; the dQ stage free
         if me.tid == 0 && order::ordered(p) {
             stage.pass_staged_turn(p, record.batch()); // the tile flushed at (A)
@@ -469,15 +465,7 @@ unsafe fn key_tile<
     let kv_block = record.kv_block(p); // read again: kept live across the loop, it spilled
     let key_base = record.key_tile() * BN as u32 + warp_k0;
     store_dkv::<E, D_TILES, DROPOUT>(p, &kv_block, key_base, 0, pos, &dk, &dv);
-    ptx::cp_async_bulk_wait_group_read::<0>(); // the stage read before the block ends
-    if order::ordered(p) {
-        ptx::cp_async_bulk_wait_group::<0>();
-        ptx::fence_proxy_async_global();
-        ptx::bar_sync(); // every row of the last tile added
-        if me.tid == 0 {
-            stage.pass_staged_turn(p, record.batch());
-        }
-    }
+    stage.finish(p, record.batch(), me.tid);
 }
 
 /// The dQ stage row thread `tid` flushes ([`DqStage::flush`]; `u32::MAX`: none). The adds
