@@ -39,22 +39,34 @@ const fn field(bytes: u32) -> u64 {
     ((bytes >> 4) & 0x3fff) as u64
 }
 
+/// The descriptor `desc` moved `bytes` (a multiple of 16) further into shared memory: its
+/// start field plus `bytes / 16`, a 32-bit add on the low word. The same as the descriptor
+/// built from the moved address while that address stays below 256 KiB (the field's 14 bits
+/// of 16-byte units), which every shared-memory address does. The tiles' descriptors are
+/// built this way from their base's so that a product's k-steps cost an add each rather
+/// than the whole field's arithmetic per `wgmma`.
+#[inline(always)]
+pub const fn moved(desc: u64, bytes: u32) -> u64 {
+    let low = (desc as u32).wrapping_add(bytes >> 4);
+    (desc & !0xffff_ffff) | low as u64
+}
+
 /// Descriptor of a K-major operand: k-step `ks` (16 columns) of the tile at `base` with
 /// `rows` rows, from row `row0` (a multiple of 8).
 #[inline(always)]
 pub const fn k_major(base: u32, rows: u32, row0: u32, ks: u32) -> u64 {
     let block = ks / 4;
-    let start = base + block * rows * ROW_BYTES + row0 * ROW_BYTES + (ks % 4) * 32;
+    let offset = block * rows * ROW_BYTES + row0 * ROW_BYTES + (ks % 4) * 32;
     // The leading byte offset is not used by swizzled K-major layouts (1 by convention).
-    descriptor(start, 16, ATOM_BYTES)
+    moved(descriptor(base, 16, ATOM_BYTES), offset)
 }
 
 /// Descriptor of an MN-major operand: k-step `ks` (rows `16·ks ..`) and column block `cb`
 /// of the tile at `base` with `rows` rows.
 #[inline(always)]
 pub const fn mn_major(base: u32, rows: u32, ks: u32, cb: u32) -> u64 {
-    let start = base + cb * rows * ROW_BYTES + ks * 16 * ROW_BYTES;
-    descriptor(start, rows * ROW_BYTES, ATOM_BYTES)
+    let offset = cb * rows * ROW_BYTES + ks * 16 * ROW_BYTES;
+    moved(descriptor(base, rows * ROW_BYTES, ATOM_BYTES), offset)
 }
 
 #[cfg(test)]
@@ -83,5 +95,21 @@ mod tests {
         );
         assert_eq!(start(mn_major(0, 64, 2, 1)), 64 * 128 + 2 * 16 * 128);
         assert_eq!((mn_major(0, 64, 0, 0) >> 16) & 0x3fff, 64 * 128 / 16);
+    }
+
+    #[test]
+    fn moved_descriptors_equal_those_built_at_the_moved_address() {
+        // Every 1024-byte aligned base of a 228 KiB shared memory, offsets up to its end.
+        for base in (0..228 * 1024).step_by(1024) {
+            for offset in (0..228 * 1024 - base).step_by(16 * 37) {
+                for (lbo, sbo) in [(16, ATOM_BYTES), (64 * ROW_BYTES, ATOM_BYTES)] {
+                    assert_eq!(
+                        moved(descriptor(base, lbo, sbo), offset),
+                        descriptor(base + offset, lbo, sbo),
+                        "base {base}, offset {offset}"
+                    );
+                }
+            }
+        }
     }
 }
