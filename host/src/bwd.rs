@@ -10,7 +10,7 @@ use crate::error::{FlashError, Result};
 use crate::fwd::check_varlen_outputs;
 use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use crate::fwd::validate::{check_dtype, dims, input_shape, lse_ref, varlen_shape};
-use crate::launch::launch;
+use crate::launch::{launch, launch_overlapped};
 use crate::mask::DeviceMask;
 use crate::params::AttnParams;
 use crate::seqs::{gpu_runs, SeqRun, Varlen};
@@ -397,9 +397,10 @@ fn run_backward<T: Element>(
             }
             if len_k > 0 {
                 // One block per key tile (in deterministic mode from the last tile down, pairs
-                // interleaved: `order_heads`).
+                // interleaved: `order_heads`); overlapped with the pre-pass where one ran.
                 let grid = (key_tiles as u32, shape.heads_kv as u32, run.count as u32);
-                launch(
+                let after_prep = if len_q > 0 { launch_overlapped } else { launch };
+                after_prep(
                     dev,
                     kernel.name(dtype),
                     grid,

@@ -37,6 +37,8 @@ pub struct Device {
     /// Whether forward calls take wide key tiles wherever the kind has them
     /// (`FLASH_ATTN_WGMMA_WIDE=1`, read once).
     wgmma_wide_tiles: bool,
+    /// Whether launches allow programmatic stream serialization (read once).
+    overlapped_launches: bool,
     max_smem_optin: usize,
     sm_count: usize,
     /// Peak memory bandwidth per SM in GB/s (0 when the driver does not say).
@@ -102,7 +104,9 @@ impl Device {
     /// `FLASH_ATTN_TILE_ORDER=0` their block-sparse launches' tiles in grid order rather than
     /// each head's longest first (and the fast-mode block-sparse backward's key tiles), and
     /// `FLASH_ATTN_WGMMA_WIDE=1` the plain kind's kernel of 176-key tiles on every call it covers
-    /// (see [`Device::wgmma_wide_tiles`]), for testing. Raises the release threshold of the
+    /// (see [`Device::wgmma_wide_tiles`]), and `FLASH_ATTN_PDL=0` the backward's main kernel launched the
+    /// ordinary way (see [`Device::overlapped_launches`]), for testing.
+    /// Raises the release threshold of the
     /// device's default memory pool (where cudarc's allocations come from) from 0 to unlimited,
     /// unless something set it already or `FLASH_ATTN_POOL_RETAIN=0`: freed memory then stays in
     /// the pool for the next allocation of the process instead of being unmapped at every
@@ -142,6 +146,8 @@ impl Device {
         let wgmma_persistent = std::env::var("FLASH_ATTN_WGMMA_PERSISTENT").as_deref() != Ok("0");
         let sparse_tile_order = std::env::var("FLASH_ATTN_TILE_ORDER").as_deref() != Ok("0");
         let wgmma_wide_tiles = std::env::var("FLASH_ATTN_WGMMA_WIDE").as_deref() == Ok("1");
+        let overlapped_launches = arch.waits_for_previous_grids()
+            && std::env::var("FLASH_ATTN_PDL").as_deref() != Ok("0");
         let max_smem_optin = ctx
             .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
             as usize;
@@ -175,6 +181,7 @@ impl Device {
             wgmma_persistent,
             sparse_tile_order,
             wgmma_wide_tiles,
+            overlapped_launches,
             max_smem_optin,
             sm_count,
             memory_gbps_per_sm,
@@ -284,6 +291,14 @@ impl Device {
                 ForwardPath::Wgmma => true,
                 ForwardPath::Mma => false,
             }
+    }
+
+    /// Whether the backward's main kernel is launched with programmatic stream serialization,
+    /// so that its launch overlaps the end of the pre-pass (sm_90a, whose kernels all wait for
+    /// the previous grid before touching memory; off with `FLASH_ATTN_PDL=0`; see
+    /// `launch.rs`).
+    pub fn overlapped_launches(&self) -> bool {
+        self.overlapped_launches
     }
 
     /// Whether kernels load as embedded SASS (`true`) or through the driver's PTX JIT.

@@ -83,4 +83,96 @@ mod tests {
             }
         }
     }
+
+    /// The instruction of a PTX statement line that reads or writes memory other than the
+    /// kernel's parameters, shared or local memory, or that leaves the straight-line start of
+    /// the kernel (a branch, call or return); `None` for other lines.
+    fn touches_memory_or_branches(line: &str) -> Option<&str> {
+        let stmt = line.trim();
+        // A guarded statement (`@%p1 bra …`): the instruction follows the guard.
+        let stmt = match stmt.strip_prefix('@') {
+            Some(guarded) => guarded.split_once(char::is_whitespace)?.1.trim_start(),
+            None => stmt,
+        };
+        let op = stmt.split(|c: char| c.is_whitespace() || c == ';').next()?;
+        let branches = ["bra", "call", "ret", "exit", "brx"]
+            .iter()
+            .any(|b| op == *b || op.starts_with(&format!("{b}.")));
+        let memory = [
+            "ld.",
+            "st.",
+            "cp.",
+            "red.",
+            "atom.",
+            "prefetch",
+            "multimem.",
+            "wgmma.",
+        ]
+        .iter()
+        .any(|m| op.starts_with(m))
+            && (op.contains(".global")
+                || ![".param", ".shared", ".local", ".const"]
+                    .iter()
+                    .any(|space| op.contains(space)));
+        (branches || memory).then_some(op)
+    }
+
+    /// On targets whose kernels the host launches overlapped
+    /// ([`Arch::waits_for_previous_grids`]), every kernel's `griddepcontrol.wait` comes before
+    /// its first access to global (or generic) memory and its first branch, so no block
+    /// touches memory before the grid before it has finished; other targets have none.
+    #[test]
+    fn kernels_wait_for_the_previous_grid_before_touching_memory() {
+        for arch in &ARCHS {
+            for k in ALL_KERNELS.iter().filter(|k| k.built_for(arch.arch)) {
+                let ptx = code(arch.arch, k.name).unwrap().ptx().unwrap();
+                if !arch.arch.waits_for_previous_grids() {
+                    assert!(!ptx.contains("griddepcontrol"), "{}", k.name);
+                    continue;
+                }
+                let body = &ptx[ptx.find(".entry ").unwrap()..];
+                let mut waited = false;
+                for line in body.lines() {
+                    if line.contains("griddepcontrol.wait") {
+                        waited = true;
+                        break;
+                    }
+                    if let Some(op) = touches_memory_or_branches(line) {
+                        panic!("{}: `{op}` before griddepcontrol.wait", k.name);
+                    }
+                }
+                assert!(waited, "{}: no griddepcontrol.wait", k.name);
+            }
+        }
+    }
+
+    #[test]
+    fn the_memory_and_branch_classifier_reads_ptx_lines() {
+        assert_eq!(
+            touches_memory_or_branches("\tld.param.u64 %rd1, [p];"),
+            None
+        );
+        assert_eq!(
+            touches_memory_or_branches("\tld.shared.u32 %r1, [%r2];"),
+            None
+        );
+        assert_eq!(
+            touches_memory_or_branches("\tld.global.nc.u32 %r1, [%rd2];"),
+            Some("ld.global.nc.u32")
+        );
+        assert_eq!(
+            touches_memory_or_branches("\tld.u32 %r1, [%rd2];"),
+            Some("ld.u32")
+        );
+        assert_eq!(
+            touches_memory_or_branches("\t@%p1 bra $L__BB0_2;"),
+            Some("bra")
+        );
+        assert_eq!(
+            touches_memory_or_branches("\tcp.async.cg.shared.global [%r1], [%rd1], 16;"),
+            Some("cp.async.cg.shared.global")
+        );
+        assert_eq!(touches_memory_or_branches("\tmov.u32 %r1, %tid.x;"), None);
+        assert_eq!(touches_memory_or_branches("$L__BB0_1:"), None);
+    }
 }

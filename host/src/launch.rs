@@ -1,7 +1,21 @@
 //! The one place kernels are launched: parameter structs go by value through [`ByValue`].
+//!
+//! Every kernel of a target whose kernels start by waiting for the grids before them on the
+//! stream ([`flash_attn_kernels::arch::Arch::waits_for_previous_grids`]: sm_90a) may be
+//! launched with programmatic stream serialization (`cuLaunchKernelEx`, [`launch_overlapped`]):
+//! the driver then launches it as soon as every block of the previous kernel has exited,
+//! without waiting for that kernel's completion to be processed, and its blocks wait in
+//! `griddepcontrol.wait` until it is. Nothing a kernel reads or writes is touched before that
+//! wait, so memory keeps stream order exactly as with ordinary launches, including memory the
+//! stream-ordered pool hands from one kernel to the next.
+//!
+//! Only the backward's main kernel is launched this way, after its pre-pass (1–7 µs less per
+//! backward call on the H200; docs/perf-notes.md, 2026-12-01). `FLASH_ATTN_PDL=0` launches it
+//! the ordinary way ([`crate::Device::new`]).
 
 use crate::device::Device;
 use crate::error::Result;
+use cudarc::driver::sys;
 use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 
 /// A `#[repr(C)]` parameter struct from `flash-attn-kernels`, passed to a kernel by value.
@@ -13,7 +27,7 @@ pub(crate) struct ByValue<P: Copy>(pub P);
 // `flash_attn_kernels::params`, whose layout the kernels share.
 unsafe impl<P: Copy> DeviceRepr for ByValue<P> {}
 
-/// Launches kernel `name` with one by-value parameter struct.
+/// Launches kernel `name` with one by-value parameter struct, in ordinary stream order.
 ///
 /// # Safety
 /// `params` must describe memory the kernel may read and write for the whole launch, and the
@@ -26,8 +40,73 @@ pub(crate) unsafe fn launch<P: Copy>(
     smem_bytes: usize,
     params: P,
 ) -> Result<()> {
+    launch_with(dev, name, (grid, threads, smem_bytes), params, false)
+}
+
+/// [`launch`] for a kernel that follows another kernel of the same call on the stream:
+/// launched while that one's completion is processed, where the device's kernels allow (see
+/// the module docs).
+///
+/// # Safety
+/// As [`launch`].
+pub(crate) unsafe fn launch_overlapped<P: Copy>(
+    dev: &Device,
+    name: &'static str,
+    grid: (u32, u32, u32),
+    threads: u32,
+    smem_bytes: usize,
+    params: P,
+) -> Result<()> {
+    let overlap = dev.overlapped_launches();
+    launch_with(dev, name, (grid, threads, smem_bytes), params, overlap)
+}
+
+/// The launch itself: `shape` is (grid, threads per block, dynamic shared memory bytes);
+/// `overlap` asks for programmatic stream serialization.
+///
+/// # Safety
+/// As [`launch`]; with `overlap`, the kernel waits for the previous grid before touching
+/// memory ([`flash_attn_kernels::arch::Arch::waits_for_previous_grids`]).
+unsafe fn launch_with<P: Copy>(
+    dev: &Device,
+    name: &'static str,
+    (grid, threads, smem_bytes): ((u32, u32, u32), u32, usize),
+    params: P,
+    overlap: bool,
+) -> Result<()> {
     let f = dev.function(name, smem_bytes)?;
     let arg = ByValue(params);
+    if overlap {
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue {
+                programmaticStreamSerializationAllowed: 1,
+            },
+        };
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem_bytes as u32,
+            hStream: dev.stream().cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut args = [&arg as *const ByValue<P> as *mut core::ffi::c_void];
+        dev.context().bind_to_thread()?;
+        sys::cuLaunchKernelEx(
+            &cfg,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            core::ptr::null_mut(),
+        )
+        .result()?;
+        return Ok(());
+    }
     let cfg = LaunchConfig {
         grid_dim: grid,
         block_dim: (threads, 1, 1),

@@ -81,6 +81,14 @@ impl Arch {
         }
     }
 
+    /// Whether every kernel of this target starts by waiting for the grids before it on the
+    /// stream (`griddepcontrol.wait` in the kernels' `device::await_previous_grids`, sm_90): the
+    /// host may then launch them with programmatic stream serialization, so that a kernel's
+    /// launch and its blocks' start overlap the previous kernel's last blocks.
+    pub const fn waits_for_previous_grids(self) -> bool {
+        matches!(self, Arch::Sm90a)
+    }
+
     /// Whether the target has vector f32 reductions (`red.global.add.v2.f32`: sm_90, PTX 8.1).
     pub const fn has_vector_red(self) -> bool {
         matches!(self, Arch::Sm90a)

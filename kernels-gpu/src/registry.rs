@@ -419,6 +419,7 @@ macro_rules! registry {
             /// Launched by the host crate on validated parameters.
             #[no_mangle]
             pub unsafe extern "ptx-kernel" fn $append(p: crate::params::AppendParams) {
+                crate::device::await_previous_grids();
                 crate::device::decode::kv_append(&p)
             }
             probe_entry!($probe16, F16);
@@ -430,6 +431,7 @@ macro_rules! registry {
                 /// Launched by the host crate on validated parameters.
                 #[no_mangle]
                 pub unsafe extern "ptx-kernel" fn $pad(p: crate::params::PadParams) {
+                    crate::device::await_previous_grids();
                     crate::device::pad::pad_copy_b16(&p)
                 }
             )*
@@ -449,6 +451,7 @@ macro_rules! fwd_entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::params::FwdParams) {
             const T: FwdTile = tiles_of($d, $tiles)[Arch::current().index()];
+            crate::device::await_previous_grids();
             crate::device::fwd::flash_fwd::<
                 crate::device::elem::$elem,
                 crate::mask::kind::$mask,
@@ -480,6 +483,7 @@ macro_rules! probe_entry {
         #[cfg(flash_arch = "sm90a")]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::params::ProbeParams) {
+            crate::device::await_previous_grids();
             crate::device::probe::wgmma_probe::<crate::device::elem::$elem>(&p)
         }
     };
@@ -497,6 +501,7 @@ macro_rules! fwd_wgmma_entry {
         #[cfg(flash_arch = "sm90a")]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::params::WgmmaFwdParams) {
+            crate::device::await_previous_grids();
             crate::device::fwd::wgmma::flash_fwd_wgmma::<
                 crate::device::elem::$elem,
                 crate::mask::kind::$mask,
@@ -525,6 +530,7 @@ macro_rules! bwd_entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::params::BwdParams) {
             const T: BwdTile = bwd_tiles_of($d, $tiles)[Arch::current().index()];
+            crate::device::await_previous_grids();
             crate::device::bwd::flash_bwd::<
                 crate::device::elem::$elem,
                 crate::mask::kind::$mask,
@@ -561,6 +567,7 @@ macro_rules! bwd_wgmma_entry {
         #[cfg(flash_arch = "sm90a")]
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::params::BwdParams) {
+            crate::device::await_previous_grids();
             crate::device::bwd::wgmma::flash_bwd_wgmma::<
                 crate::device::elem::$elem,
                 crate::mask::kind::$mask,
@@ -584,6 +591,7 @@ macro_rules! bwd_pass_entry {
         /// Launched by the host crate on validated parameters.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::params::BwdParams) {
+            crate::device::await_previous_grids();
             crate::device::bwd::$body::<crate::device::elem::$elem>(&p)
         }
     };
@@ -600,6 +608,7 @@ macro_rules! decode_entry {
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::params::DecodeParams) {
             const T: DecodeTile = decode_tiles_of($d, $tiles)[Arch::current().index()];
+            crate::device::await_previous_grids();
             crate::device::decode::flash_decode::<
                 crate::device::elem::$elem,
                 crate::mask::kind::$mask,
@@ -627,6 +636,7 @@ macro_rules! decode_pass_entry {
         /// Launched by the host crate on validated parameters.
         #[no_mangle]
         pub unsafe extern "ptx-kernel" fn $name(p: crate::params::CombineParams) {
+            crate::device::await_previous_grids();
             crate::device::decode::$body::<crate::device::elem::$elem>(&p)
         }
     };

@@ -17,6 +17,7 @@ pub(crate) mod pad;
 #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90a code
 pub(crate) mod probe;
 mod ptx;
+pub(crate) use ptx::await_previous_grids;
 pub(crate) mod quad_store;
 /// The one `ptx` wrapper shared code outside `device` uses ([`crate::math`]).
 pub(crate) use ptx::{ex2_approx_ftz as ptx_ex2, rcp_approx_ftz as ptx_rcp};

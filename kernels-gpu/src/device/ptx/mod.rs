@@ -5,6 +5,7 @@
 mod atomic;
 mod bulk;
 mod cp_async;
+mod grid_dep;
 mod ldmatrix;
 mod math;
 #[cfg_attr(not(flash_arch = "sm90a"), allow(dead_code))] // sm_90 code
@@ -23,6 +24,7 @@ mod wgmma;
 pub use atomic::*;
 pub use bulk::*;
 pub use cp_async::*;
+pub use grid_dep::*;
 pub use ldmatrix::*;
 pub use math::*;
 #[allow(unused_imports)]
