@@ -10,7 +10,7 @@ use crate::error::{FlashError, Result};
 use crate::fwd::check_varlen_outputs;
 use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use crate::fwd::validate::{check_dtype, dims, input_shape, lse_ref, varlen_shape};
-use crate::launch::{launch, launch_overlapped};
+use crate::launch::{launch, Order};
 use crate::mask::DeviceMask;
 use crate::params::AttnParams;
 use crate::seqs::{gpu_runs, SeqRun, Varlen};
@@ -388,6 +388,7 @@ fn run_backward<T: Element>(
             if len_q > 0 && len_k > 0 {
                 launch(
                     dev,
+                    Order::Stream,
                     BWD_PREP_KERNELS[dtype as usize],
                     bwd_prep_grid(run.count * len_q, hq),
                     BWD_PREP_THREADS as u32,
@@ -399,9 +400,14 @@ fn run_backward<T: Element>(
                 // One block per key tile (in deterministic mode from the last tile down, pairs
                 // interleaved: `order_heads`); overlapped with the pre-pass where one ran.
                 let grid = (key_tiles as u32, shape.heads_kv as u32, run.count as u32);
-                let after_prep = if len_q > 0 { launch_overlapped } else { launch };
-                after_prep(
+                let order = if len_q > 0 {
+                    Order::Overlapped
+                } else {
+                    Order::Stream
+                };
+                launch(
                     dev,
+                    order,
                     kernel.name(dtype),
                     grid,
                     tile.threads() as u32,
@@ -412,7 +418,7 @@ fn run_backward<T: Element>(
             if len_q > 0 {
                 // dQ (0 for rows of a run without keys: the accumulators stay zero).
                 let convert = BWD_CONVERT_KERNELS[dtype as usize];
-                launch(dev, convert, aux_grid, threads, 0, p)?;
+                launch(dev, Order::Stream, convert, aux_grid, threads, 0, p)?;
             }
         }
         accums.push((dq_accum, turns));

@@ -2,7 +2,7 @@
 //!
 //! Every kernel of a target whose kernels start by waiting for the grids before them on the
 //! stream ([`flash_attn_kernels::arch::Arch::waits_for_previous_grids`]: sm_90a) may be
-//! launched with programmatic stream serialization (`cuLaunchKernelEx`, [`launch_overlapped`]):
+//! launched with programmatic stream serialization (`cuLaunchKernelEx`, [`Order::Overlapped`]):
 //! the driver then launches it as soon as every block of the previous kernel has exited,
 //! without waiting for that kernel's completion to be processed, and its blocks wait in
 //! `griddepcontrol.wait` until it is. Nothing a kernel reads or writes is touched before that
@@ -27,56 +27,38 @@ pub(crate) struct ByValue<P: Copy>(pub P);
 // `flash_attn_kernels::params`, whose layout the kernels share.
 unsafe impl<P: Copy> DeviceRepr for ByValue<P> {}
 
-/// Launches kernel `name` with one by-value parameter struct, in ordinary stream order.
+/// How a launch is ordered after the work before it on the stream.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Order {
+    /// Ordinary stream order: the kernel starts once the previous work has completed.
+    Stream,
+    /// The kernel follows another kernel of the same call: launched with programmatic stream
+    /// serialization where the device's kernels allow and `FLASH_ATTN_PDL` does not forbid it
+    /// ([`Device::overlapped_launches`]), in ordinary stream order otherwise (module docs).
+    Overlapped,
+}
+
+/// Launches kernel `name` on `grid` blocks of `threads` threads with `smem_bytes` of dynamic
+/// shared memory and one by-value parameter struct, ordered after the stream's previous work
+/// as `order` says.
 ///
 /// # Safety
 /// `params` must describe memory the kernel may read and write for the whole launch, and the
-/// grid, block and shared memory must be those the kernel was written for.
+/// grid, block and shared memory must be those the kernel was written for. With
+/// [`Order::Overlapped`], the kernel must wait for the previous grid before touching memory
+/// ([`flash_attn_kernels::arch::Arch::waits_for_previous_grids`]).
 pub(crate) unsafe fn launch<P: Copy>(
     dev: &Device,
+    order: Order,
     name: &'static str,
     grid: (u32, u32, u32),
     threads: u32,
     smem_bytes: usize,
     params: P,
-) -> Result<()> {
-    launch_with(dev, name, (grid, threads, smem_bytes), params, false)
-}
-
-/// [`launch`] for a kernel that follows another kernel of the same call on the stream:
-/// launched while that one's completion is processed, where the device's kernels allow (see
-/// the module docs).
-///
-/// # Safety
-/// As [`launch`].
-pub(crate) unsafe fn launch_overlapped<P: Copy>(
-    dev: &Device,
-    name: &'static str,
-    grid: (u32, u32, u32),
-    threads: u32,
-    smem_bytes: usize,
-    params: P,
-) -> Result<()> {
-    let overlap = dev.overlapped_launches();
-    launch_with(dev, name, (grid, threads, smem_bytes), params, overlap)
-}
-
-/// The launch itself: `shape` is (grid, threads per block, dynamic shared memory bytes);
-/// `overlap` asks for programmatic stream serialization.
-///
-/// # Safety
-/// As [`launch`]; with `overlap`, the kernel waits for the previous grid before touching
-/// memory ([`flash_attn_kernels::arch::Arch::waits_for_previous_grids`]).
-unsafe fn launch_with<P: Copy>(
-    dev: &Device,
-    name: &'static str,
-    (grid, threads, smem_bytes): ((u32, u32, u32), u32, usize),
-    params: P,
-    overlap: bool,
 ) -> Result<()> {
     let f = dev.function(name, smem_bytes)?;
     let arg = ByValue(params);
-    if overlap {
+    if order == Order::Overlapped && dev.overlapped_launches() {
         let mut attr = sys::CUlaunchAttribute {
             id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
             pad: [0; 4],

@@ -10,7 +10,7 @@ use flash_attn_kernels::registry::WGMMA_PROBE_KERNELS;
 use crate::device::Device;
 use crate::dtype::{DType, Element};
 use crate::error::{FlashError, Result};
-use crate::launch::launch;
+use crate::launch::{launch, Order};
 use crate::tensor::DeviceTensor;
 
 /// Rows of A, P, S and O.
@@ -104,6 +104,7 @@ pub fn wgmma_layout_probe<T: Element>(
     unsafe {
         launch(
             dev,
+            Order::Stream,
             name,
             (1, 1, 1),
             PROBE_THREADS as u32,

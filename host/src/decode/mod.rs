@@ -17,7 +17,7 @@ use crate::dtype::Element;
 use crate::error::{FlashError, Result};
 use crate::fwd::layout::{operand, packed_input, packed_output, padded_head_dim, scatter_output};
 use crate::fwd::validate::check_dtype;
-use crate::launch::launch;
+use crate::launch::{launch, Order};
 use crate::mask::DeviceMask;
 use crate::params::AttnParams;
 use crate::shape::DecodeShape;
@@ -242,6 +242,7 @@ pub fn attn_with_kvcache_into<T: Element>(
         unsafe {
             launch(
                 dev,
+                Order::Stream,
                 registry::APPEND_KERNEL,
                 (blocks, 1, 1),
                 APPEND_THREADS as u32,
@@ -546,6 +547,7 @@ fn run_decode<T: Element>(
     unsafe {
         launch(
             dev,
+            Order::Stream,
             kernel.name,
             (grid_x as u32, a.dims.heads_kv, a.dims.batch),
             tile.threads() as u32,
@@ -590,6 +592,7 @@ fn launch_combine(
     unsafe {
         launch(
             dev,
+            Order::Stream,
             name,
             (blocks as u32, 1, 1),
             COMBINE_THREADS as u32,

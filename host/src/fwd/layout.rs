@@ -7,7 +7,7 @@ use flash_attn_kernels::params::{PadParams, Strides, TensorRef, PAD_SCATTER};
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::Result;
-use crate::launch::launch;
+use crate::launch::{launch, Order};
 use crate::tensor::DeviceTensor;
 
 /// The head dim the kernel sees: `d` rounded up to a multiple of 8 (16 bytes of f16/bf16).
@@ -135,6 +135,7 @@ fn pad_copy<T: Element>(
     unsafe {
         launch(
             dev,
+            Order::Stream,
             PAD_KERNEL_NAME,
             (blocks, 1, 1),
             PAD_THREADS as u32,

@@ -17,7 +17,7 @@ use flash_attn_kernels::params::{q_box_rows, FwdParams, WgmmaFwdParams};
 use crate::device::Device;
 use crate::dtype::Element;
 use crate::error::{FlashError, Result};
-use crate::launch::launch;
+use crate::launch::{launch, Order};
 use crate::mask::StagedMask;
 use crate::params::AttnParams;
 use crate::scratch::LaunchBytes;
@@ -339,9 +339,9 @@ impl ForwardCall {
                             tiles,
                             reserved: 0,
                         };
-                        launch(dev, name, grid, threads, smem, p)?
+                        launch(dev, Order::Stream, name, grid, threads, smem, p)?
                     }
-                    None => launch(dev, name, grid, threads, smem, p)?,
+                    None => launch(dev, Order::Stream, name, grid, threads, smem, p)?,
                 }
             };
         }
