@@ -37,7 +37,7 @@ use crate::cpu::backward_reference::Gradients;
 use crate::cpu::dropout::{CallDropout, HeadDropout};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu::online_softmax::with_avx2;
-use crate::cpu::online_softmax::{dots, idx, load_rows};
+use crate::cpu::online_softmax::{dot, dots, idx, load_rows};
 use crate::cpu::sequences::{backward_spans, key_padding, rows, stat_rows};
 use crate::cpu::tiled::{run_parallel, BLOCK_M, BLOCK_N};
 use crate::cpu::validate::{check_backward_inputs, check_gradients, check_inputs};
@@ -411,17 +411,21 @@ impl KeyTile {
     }
 
     /// FA2's pre-pass for the job's query heads: `D = rowsum(dO ∘ O)` and `LSE·log2 e` per
-    /// row; clears the dQ accumulator.
+    /// row; clears the dQ accumulator. `D` is the [`dot`] that gives `dP = dO·v`, in the same
+    /// order, so that where O equals a row of V (a row that sees one key, without dropout)
+    /// `dP − D` is exactly 0, as the true `dS` is, rather than the difference of two
+    /// roundings.
     fn pre_pass<T: Element>(&mut self, heads: &[QueryHead<T>]) {
-        let nq = self.seqlen_q;
+        let (nq, d) = (self.seqlen_q, self.d);
         for (h, head) in heads.iter().enumerate() {
-            let rows = head.o.outer_iter().zip(head.d_o.outer_iter());
-            for (i, (o, d_o)) in rows.enumerate() {
-                self.delta[h * nq + i] = o
-                    .iter()
-                    .zip(d_o.iter())
-                    .fold(0.0, |s, (&x, &y)| s + x.to_f32() * y.to_f32());
-                self.lse_log2[h * nq + i] = f64::from(head.lse[i]) * std::f64::consts::LOG2_E;
+            for rows in (0..nq).step_by(BLOCK_M).map(|r| r..(r + BLOCK_M).min(nq)) {
+                load_rows(head.o, rows.clone(), &mut self.q);
+                load_rows(head.d_o, rows.clone(), &mut self.d_o);
+                let pairs = self.d_o.chunks_exact(d).zip(self.q.chunks_exact(d));
+                for (i, (d_o, o)) in rows.zip(pairs) {
+                    self.delta[h * nq + i] = dot(d_o, o);
+                    self.lse_log2[h * nq + i] = f64::from(head.lse[i]) * std::f64::consts::LOG2_E;
+                }
             }
         }
         self.dq.fill(0.0);

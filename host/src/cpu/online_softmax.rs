@@ -40,15 +40,18 @@ pub(crate) struct QueryTile {
     /// each exponent `logit − max` is rounded to f32 once, as the kernels' FFMA
     /// `s·scale_log2 − max` rounds it, not the logit first at its own magnitude (an f32 logit
     /// near 100 is off by up to 4e-6, about the whole error of the f32 naive attention there,
-    /// and dropout's `1/(1 − p)` triples what reaches O). The running maxima stay f32.
+    /// and dropout's `1/(1 − p)` triples what reaches O). The running maxima are these f64
+    /// logits themselves, so the largest score's exponent is exactly 0.
     scores: Vec<f64>,
     /// One row's raw scores `q·k` against the current key tile ([`dots`]), `block_n`.
     raw: Vec<f32>,
     /// Per row: whether it has seen at least one key the mask shows it.
     seen: Vec<bool>,
-    /// Running row maxima of the visible scores (base 2), NaN-propagating; −∞ while a row's
-    /// visible scores are all −∞ (or it has seen none).
-    max: Vec<f32>,
+    /// Running row maxima of the visible scores (base 2, f64 as `scores`), NaN-propagating;
+    /// −∞ while a row's visible scores are all −∞ (or it has seen none). The largest score
+    /// then gets exactly `2^0 = 1`: a row that sees one key gets O equal to that key's value
+    /// row, bit for bit, and the backward's `dP − D` is exactly 0 there, as the true `dS` is.
+    max: Vec<f64>,
     /// Running row sums of `2^(score − max)`, one addition per key tile.
     sum: Vec<f32>,
     /// Unnormalised outputs, `rows × d`, one addition per key tile.
@@ -102,7 +105,7 @@ impl QueryTile {
         self.seen.clear();
         self.seen.resize(self.rows, false);
         self.max.clear();
-        self.max.resize(self.rows, f32::NEG_INFINITY);
+        self.max.resize(self.rows, f64::NEG_INFINITY);
         self.sum.clear();
         self.sum.resize(self.rows, 0.0);
         self.acc.clear();
@@ -194,18 +197,16 @@ impl QueryTile {
                 continue;
             }
             self.seen[r] = true;
-            let tile_max = s
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &x| max_nan(m, x as f32));
+            let tile_max = s.iter().fold(f64::NEG_INFINITY, |m, &x| max_nan(m, x));
             let new_max = max_nan(self.max[r], tile_max);
             // While every visible score is −∞, subtract 0 instead of −∞ (−∞ − −∞ is NaN): the
             // probabilities stay 0, and 0·V still carries a NaN of V, as in the reference.
-            let shift = if new_max == f32::NEG_INFINITY {
+            let shift = if new_max == f64::NEG_INFINITY {
                 0.0
             } else {
                 new_max
             };
-            let correction = (self.max[r] - shift).exp2();
+            let correction = ((self.max[r] - shift) as f32).exp2();
             self.max[r] = new_max;
             self.pv.fill(0.0);
             let mut tile_sum = 0.0;
@@ -214,7 +215,7 @@ impl QueryTile {
                 if !visible(c) {
                     continue;
                 }
-                let mut p = ((s - f64::from(shift)) as f32).exp2();
+                let mut p = ((s - shift) as f32).exp2();
                 tile_sum += p;
                 if self.dropout.is_some() {
                     p *= f32::from(keep[c]);
@@ -244,10 +245,10 @@ impl QueryTile {
             let acc = &self.acc[r * self.d..(r + 1) * self.d];
             let (inv, row_lse) = if !self.seen[r] {
                 (0.0, f32::NEG_INFINITY)
-            } else if max == f32::NEG_INFINITY {
+            } else if max == f64::NEG_INFINITY {
                 (f32::NAN, f32::NAN)
             } else {
-                let lse = (f64::from(max) + f64::from(sum).log2()) * std::f64::consts::LN_2;
+                let lse = (max + f64::from(sum).log2()) * std::f64::consts::LN_2;
                 let inv = match &self.dropout {
                     None => 1.0 / sum,
                     Some(dropout) => dropout.scale / sum,
@@ -271,11 +272,11 @@ pub(crate) fn with_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
 }
 
-/// `max` that propagates NaN (`f32::max` returns the other operand, which would hide a NaN
+/// `max` that propagates NaN (`f64::max` returns the other operand, which would hide a NaN
 /// score behind the row's other scores).
-fn max_nan(a: f32, b: f32) -> f32 {
+fn max_nan(a: f64, b: f64) -> f64 {
     if a.is_nan() || b.is_nan() {
-        f32::NAN
+        f64::NAN
     } else {
         a.max(b)
     }
