@@ -372,9 +372,12 @@ pub(crate) use with_cpu_mask;
 /// How the CPU backend turns a raw score `s = q·k` into the base-2 logit of its softmax, as
 /// the kernels do: the mask's [`AttnMask::score`] times `log2 e` for masks that modify scores,
 /// else `s·scale·log2 e`; except that a softcap's `tanh` is taken in f64 on the host
-/// ([`CpuScores::capped`]), not by the kernels' `flash_attn_kernels::math::tanh`. The logits
-/// are f64, so that the forward and the backward subtract their running maximum or LSE before
-/// anything is rounded (at ±100 in base 2, an f32 logit is already off by 4e-6).
+/// ([`CpuScores::capped`]), not by the kernels' `flash_attn_kernels::math::tanh`. The raw
+/// scores and the logits are f64, so that the forward and the backward subtract their running
+/// maximum or LSE before anything is rounded (at ±100, an f32 score or logit is already off by
+/// up to 4e-6, more than the whole error of the f32 naive attention; the backward's P, and
+/// through its `dP − D` its dQ and dK, inherit that relative error). Masks that modify scores
+/// take the f32 score their kernel code takes.
 #[derive(Clone, Copy)]
 pub(crate) struct CpuScores<'m, M> {
     /// The mask of the sequence.
@@ -389,29 +392,29 @@ pub(crate) struct CpuScores<'m, M> {
 }
 
 impl<M: AttnMask> CpuScores<'_, M> {
-    /// The base-2 logit of raw score `s` at (`row`, `key`), in f64: `s·scale_log2` exactly
-    /// (the product of two f32), the mask's f32 score times `log2 e`, or the capped logit of
+    /// The base-2 logit of raw score `s` at (`row`, `key`), in f64: `s·scale_log2`, the
+    /// mask's f32 score (of `s` rounded to f32) times `log2 e`, or the capped logit of
     /// [`CpuScores::capped`] times `log2 e`.
-    pub fn logit2(&self, row: usize, key: usize, s: f32) -> f64 {
+    pub fn logit2(&self, row: usize, key: usize, s: f64) -> f64 {
         self.logit2_and_grad(row, key, s).0
     }
 
     /// [`CpuScores::logit2`] and the derivative of the score modifier (1 for masks that do
     /// not modify scores: the softmax scale is applied to dQ and dK at the end, see
     /// [`AttnParams::kernel_grad_scale`]).
-    pub fn logit2_and_grad(&self, row: usize, key: usize, s: f32) -> (f64, f32) {
+    pub fn logit2_and_grad(&self, row: usize, key: usize, s: f64) -> (f64, f32) {
         match self.softcap {
             Some(cap) => {
-                let (logit, grad) = self.capped(row, key, s, cap);
+                let (logit, grad) = self.capped(row, key, s as f32, cap);
                 (logit * std::f64::consts::LOG2_E, grad)
             }
             None if self.mask.modifies_scores() => {
                 let (x, g) = self
                     .mask
-                    .score_and_grad(row as u32, key as u32, s, self.slope);
+                    .score_and_grad(row as u32, key as u32, s as f32, self.slope);
                 (f64::from(x) * std::f64::consts::LOG2_E, g)
             }
-            None => (f64::from(s) * f64::from(self.scale_log2), 1.0),
+            None => (s * f64::from(self.scale_log2), 1.0),
         }
     }
 
@@ -489,7 +492,7 @@ mod tests {
                 let exact = (cap * t - ramp) * std::f64::consts::LOG2_E;
                 let ulp = f64::from(f32::EPSILON);
                 let tol = ulp * (x.abs() + ramp) + 1e-12 * exact.abs();
-                let (got, grad) = scores.logit2_and_grad(row, key, s);
+                let (got, grad) = scores.logit2_and_grad(row, key, f64::from(s));
                 assert!(
                     (got - exact).abs() <= tol,
                     "cap {cap}, s {s}: {got} vs {exact}"

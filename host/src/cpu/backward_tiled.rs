@@ -363,8 +363,9 @@ struct KeyTile {
     lse_log2: Vec<f64>,
     /// dQ (without `scale`) of every head, `group × Nq × d`.
     dq: Vec<f64>,
-    /// One query row's raw scores `q·k` against the key tile ([`dots`]), `BLOCK_N`.
-    raw_s: Vec<f32>,
+    /// One query row's raw scores `q·k` against the key tile ([`dots`]), `BLOCK_N`, in f64
+    /// (see [`CpuScores`]).
+    raw_s: Vec<f64>,
     /// One query row's `dO·v` against the key tile, `BLOCK_N`.
     raw_dp: Vec<f32>,
     /// With dropout, `Z` of the current (query tile, key tile), `rows × BLOCK_N`: 1 kept, 0
@@ -529,8 +530,8 @@ impl KeyTile {
                 let (raw_s, raw_dp) = (&mut self.raw_s[..n], &mut self.raw_dp[..n]);
                 // SAFETY: with `AVX`, the CPU has AVX2 (this function's contract).
                 unsafe {
-                    dots::<AVX>(q_row, &self.k, raw_s);
-                    dots::<AVX>(do_row, &self.v, raw_dp);
+                    dots::<AVX, f64>(q_row, &self.k, raw_s);
+                    dots::<AVX, f32>(do_row, &self.v, raw_dp);
                 }
                 let keep = &self.keep[r * BLOCK_N..r * BLOCK_N + n];
                 let (ps, dss) = (&mut self.group_p[terms.clone()], &mut self.group_ds[terms]);

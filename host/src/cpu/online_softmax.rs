@@ -43,8 +43,9 @@ pub(crate) struct QueryTile {
     /// and dropout's `1/(1 − p)` triples what reaches O). The running maxima are these f64
     /// logits themselves, so the largest score's exponent is exactly 0.
     scores: Vec<f64>,
-    /// One row's raw scores `q·k` against the current key tile ([`dots`]), `block_n`.
-    raw: Vec<f32>,
+    /// One row's raw scores `q·k` against the current key tile ([`dots`]), `block_n`, in f64
+    /// (see `scores`).
+    raw: Vec<f64>,
     /// Per row: whether it has seen at least one key the mask shows it.
     seen: Vec<bool>,
     /// Running row maxima of the visible scores (base 2, f64 as `scores`), NaN-propagating;
@@ -183,7 +184,7 @@ impl QueryTile {
             let q_row = &self.q[r * d..(r + 1) * d];
             let raw = &mut self.raw[..n];
             // SAFETY: with `AVX`, the CPU has AVX2 (this function's contract).
-            unsafe { dots::<AVX>(q_row, &self.k, raw) };
+            unsafe { dots::<AVX, f64>(q_row, &self.k, raw) };
             let mut any_visible = false;
             for (c, (s, &raw)) in s.iter_mut().zip(raw.iter()).enumerate() {
                 *s = if visible(c) {
@@ -305,7 +306,7 @@ pub(crate) fn load_rows<T: Element, F: From<f32>>(
 /// partial sums (elements `i` with the same `i mod 4`) added in a fixed order: the result does
 /// not depend on the machine, and the loop vectorises.
 #[inline(always)]
-pub(crate) fn dot(a: &[f64], b: &[f64]) -> f32 {
+pub(crate) fn dot<F: DotSum>(a: &[f64], b: &[f64]) -> F {
     let (a4, b4) = (a.chunks_exact(4), b.chunks_exact(4));
     let tail = a4
         .remainder()
@@ -318,7 +319,29 @@ pub(crate) fn dot(a: &[f64], b: &[f64]) -> f32 {
             part[i] += x[i] * y[i];
         }
     }
-    ((part[0] + part[1]) + (part[2] + part[3]) + tail) as f32
+    F::round((part[0] + part[1]) + (part[2] + part[3]) + tail)
+}
+
+/// What a [`dot`] returns: its f64 sum itself (raw scores, whose rounding to f32 would move a
+/// logit near 100 by up to 4e-6, more than the f32 naive attention's whole error), or that
+/// sum rounded to f32 once (the backward's `dP` and `D`).
+pub(crate) trait DotSum: Copy {
+    /// The sum as this type.
+    fn round(sum: f64) -> Self;
+}
+
+impl DotSum for f32 {
+    #[inline(always)]
+    fn round(sum: f64) -> Self {
+        sum as f32
+    }
+}
+
+impl DotSum for f64 {
+    #[inline(always)]
+    fn round(sum: f64) -> Self {
+        sum
+    }
 }
 
 /// `out[c] = dot(a, row c of rows)` for the first `out.len()` rows of `rows` (rows of
@@ -329,7 +352,7 @@ pub(crate) fn dot(a: &[f64], b: &[f64]) -> f32 {
 /// # Safety
 /// With `AVX`, the CPU has AVX2.
 #[inline(always)]
-pub(crate) unsafe fn dots<const AVX: bool>(a: &[f64], rows: &[f64], out: &mut [f32]) {
+pub(crate) unsafe fn dots<const AVX: bool, F: DotSum>(a: &[f64], rows: &[f64], out: &mut [F]) {
     let d = a.len();
     let mut rows = rows.chunks_exact(d);
     let mut quads = out.chunks_exact_mut(4);
@@ -351,7 +374,7 @@ pub(crate) unsafe fn dots<const AVX: bool>(a: &[f64], rows: &[f64], out: &mut [f
 
 /// [`dot`] of `a` with four rows at once.
 #[inline(always)]
-fn dot4(a: &[f64], rows: [&[f64]; 4]) -> [f32; 4] {
+fn dot4<F: DotSum>(a: &[f64], rows: [&[f64]; 4]) -> [F; 4] {
     let n = a.len();
     let rows = rows.map(|r| &r[..n]);
     let whole = n - n % 4;
@@ -375,7 +398,7 @@ fn dot4(a: &[f64], rows: [&[f64]; 4]) -> [f32; 4] {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn dot4_avx2(a: &[f64], rows: [&[f64]; 4]) -> [f32; 4] {
+unsafe fn dot4_avx2<F: DotSum>(a: &[f64], rows: [&[f64]; 4]) -> [F; 4] {
     use std::arch::x86_64::_mm256_storeu_pd;
     use std::arch::x86_64::{_mm256_add_pd, _mm256_loadu_pd, _mm256_mul_pd, _mm256_setzero_pd};
     let n = a.len();
@@ -401,16 +424,21 @@ unsafe fn dot4_avx2(a: &[f64], rows: [&[f64]; 4]) -> [f32; 4] {
 
 /// The end of [`dot4`]: each row's partial sums and its tail past `whole`, as [`dot`] ends.
 #[inline(always)]
-fn finish_dot4(a: &[f64], rows: [&[f64]; 4], part: [[f64; 4]; 4], whole: usize) -> [f32; 4] {
-    let mut out = [0.0f32; 4];
-    for ((out, part), row) in out.iter_mut().zip(part).zip(rows) {
+fn finish_dot4<F: DotSum>(
+    a: &[f64],
+    rows: [&[f64]; 4],
+    part: [[f64; 4]; 4],
+    whole: usize,
+) -> [F; 4] {
+    let mut sums = [0.0f64; 4];
+    for ((sum, part), row) in sums.iter_mut().zip(part).zip(rows) {
         let tail = a[whole..]
             .iter()
             .zip(&row[whole..])
             .fold(0.0, |s, (&x, &y)| s + x * y);
-        *out = ((part[0] + part[1]) + (part[2] + part[3]) + tail) as f32;
+        *sum = (part[0] + part[1]) + (part[2] + part[3]) + tail;
     }
-    out
+    sums.map(F::round)
 }
 
 /// A row or key index as the mask's `u32`; [`crate::shape::check_shapes`] bounds the sizes.
@@ -470,10 +498,13 @@ pub(crate) mod tests {
                 } else {
                     (values(d, d as u32), values(d * n, (d * n) as u32 + 1))
                 };
-                let want: Vec<u32> = rows.chunks_exact(d).map(|r| dot(&a, r).to_bits()).collect();
+                let want: Vec<u32> = rows
+                    .chunks_exact(d)
+                    .map(|r| dot::<f32>(&a, r).to_bits())
+                    .collect();
                 let mut got = vec![0.0f32; n];
                 // SAFETY: the portable form.
-                unsafe { dots::<false>(&a, &rows, &mut got) };
+                unsafe { dots::<false, f32>(&a, &rows, &mut got) };
                 let bits: Vec<u32> = got.iter().map(|x| x.to_bits()).collect();
                 assert_eq!(bits, want, "portable, d = {d}, n = {n}");
                 #[cfg(target_arch = "x86_64")]
@@ -493,6 +524,6 @@ pub(crate) mod tests {
     #[target_feature(enable = "avx2")]
     unsafe fn dots_avx2(a: &[f64], rows: &[f64], out: &mut [f32]) {
         // SAFETY: the caller's CPU has AVX2.
-        unsafe { dots::<true>(a, rows, out) }
+        unsafe { dots::<true, f32>(a, rows, out) }
     }
 }
