@@ -56,6 +56,25 @@ fn rel_err(a: ArrayView4<f64>, b: ArrayView4<f64>) -> f64 {
     diff / scale
 }
 
+/// The CPU forward of `[q, k, v, g]`'s Q, K and V, then the CPU backward of the loss
+/// `Σ O ∘ G` from its O and LSE: dQ, dK, dV.
+fn forward_then_backward(
+    [q, k, v, g]: [&Array4<f32>; 4],
+    p: &AttnParams,
+) -> (Array4<f32>, Array4<f32>, Array4<f32>) {
+    let (o, lse) = attention_cpu(q.view(), k.view(), v.view(), p).unwrap();
+    attention_backward_cpu(
+        q.view(),
+        k.view(),
+        v.view(),
+        o.view(),
+        g.view(),
+        lse.view(),
+        p,
+    )
+    .unwrap()
+}
+
 /// Small shapes `(Nq, Nk, Hq, Hkv, d)`: GQA, MHA, Nq > Nk and Nq < Nk, odd head dims.
 const SMALL: &[(usize, usize, usize, usize, usize)] = &[
     (5, 7, 2, 1, 3),
@@ -117,17 +136,7 @@ fn check_tiled(dims: (usize, usize, usize, usize, usize), p: &AttnParams, seed: 
         f32s(values([2, nk, hkv, d], seed + 3)),
         f32s(values([2, nq, hq, d], seed + 4)),
     );
-    let (o, lse) = attention_cpu(q.view(), k.view(), v.view(), p).unwrap();
-    let ours = attention_backward_cpu(
-        q.view(),
-        k.view(),
-        v.view(),
-        o.view(),
-        g.view(),
-        lse.view(),
-        p,
-    )
-    .unwrap();
+    let ours = forward_then_backward([&q, &k, &v, &g], p);
     let naive = attention_backward_naive(q.view(), k.view(), v.view(), g.view(), p).unwrap();
     let wide = |a: &Array4<f32>| a.mapv(f64::from);
     let reference = attention_backward_reference(
@@ -192,17 +201,7 @@ fn rows_that_see_no_key_get_exactly_zero_gradient_and_nothing_is_nan() {
         f32s(values([1, 5, 1, 4], 3)),
         f32s(values([1, 70, 2, 4], 4)),
     );
-    let (o, lse) = attention_cpu(q.view(), k.view(), v.view(), &p).unwrap();
-    let (dq, dk, dv) = attention_backward_cpu(
-        q.view(),
-        k.view(),
-        v.view(),
-        o.view(),
-        g.view(),
-        lse.view(),
-        &p,
-    )
-    .unwrap();
+    let (dq, dk, dv) = forward_then_backward([&q, &k, &v, &g], &p);
     assert!(dq
         .slice(ndarray::s![.., ..65, .., ..])
         .iter()
@@ -262,17 +261,7 @@ fn rows_that_see_one_key_get_exactly_zero_dq_and_dk() {
             f32s(values([3, nk, 2, 256], 13)),
             f32s(values([3, nq, 4, 256], 14)),
         );
-        let (o, lse) = attention_cpu(q.view(), k.view(), v.view(), &p).unwrap();
-        let (dq, dk, dv) = attention_backward_cpu(
-            q.view(),
-            k.view(),
-            v.view(),
-            o.view(),
-            g.view(),
-            lse.view(),
-            &p,
-        )
-        .unwrap();
+        let (dq, dk, dv) = forward_then_backward([&q, &k, &v, &g], &p);
         let what = format!("Nq = {nq}, Nk = {nk}, causal {causal}, window {window:?}");
         assert!(dq.iter().all(|&x| x == 0.0), "dQ, {what}");
         assert!(dk.iter().all(|&x| x == 0.0), "dK, {what}");
